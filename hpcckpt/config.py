@@ -1,0 +1,302 @@
+"""Config: a frozen dataclass and its layered loader (local, pure apart from reading a file).
+
+Precedence: defaults < TOML file < ``HPCCKPT_<KEY>`` environment variables < keyword arguments.
+Unknown keys are an error wherever they come from.
+"""
+import dataclasses
+import getpass
+import os
+import re
+import string
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib
+
+from .errors import ConfigError
+from .units import parse_duration, parse_size
+
+LEVELS = ("local", "partner", "xor", "rs", "pfs")
+POLICIES = ("auto", "fixed", "young", "daly")
+ENV_PREFIX = "HPCCKPT_"
+CACHE_PLACEHOLDERS = ("node", "user", "name")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def default_cache_dir(environ=None):
+    """Node-local default: $SLURM_TMPDIR, else $TMPDIR, else /dev/shm; one folder per virtual node."""
+    environ = os.environ if environ is None else environ
+    base = environ.get("SLURM_TMPDIR") or environ.get("TMPDIR") or "/dev/shm"
+    return os.path.join(base, "hpcckpt-{user}", "node{node}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """All settings of a Checkpointer. Build it with ``Config.load``; fields are validated."""
+    name: str = "hpcckpt"
+    cache_dir: str = ""                 # "" -> default_cache_dir(); placeholders {node} {user} {name}
+    pfs_dir: str = "hpcckpt-pfs"
+    ranks_per_node: Any = "auto"        # "auto" (MPI shared-memory split) or an int
+    group_size: int = 4
+    rs_parity: int = 2
+    keep: int = 2
+    level: str = "local"                # level of checkpoint(step) when nothing else is due
+    policy: str = "auto"
+    schedule: Any = None                # {level: ("steps", n) | ("seconds", s)}
+    mtbf: Any = None                    # seconds or None
+    level_mtbf: Any = None              # {level: seconds}
+    end_time: Any = None                # absolute epoch seconds of the job's end, or None
+    exit_safety: float = 2.0
+    io_chunk: int = 1 << 20             # bytes hashed and written per system call
+    reuse_files: bool = True            # overwrite retired files instead of creating new ones
+    cache_fsync: bool = False           # fsync node-local data files (not needed on tmpfs)
+    file_mode: int = 0o600
+    dir_mode: int = 0o700
+    log_level: str = "WARNING"
+
+    @classmethod
+    def load(cls, config=None, environ=None, **overrides):
+        """Layer defaults < file/dict/Config < environment < overrides; validate; return a Config."""
+        environ = os.environ if environ is None else environ
+        values = {}
+        if isinstance(config, Config):
+            values.update(config.as_dict())
+        elif isinstance(config, dict):
+            values.update(_check_keys(config, "config dict"))
+        elif isinstance(config, (str, os.PathLike)):
+            values.update(_check_keys(_read_toml(config), f"config file {os.fspath(config)!r}"))
+        elif config is not None:
+            raise ConfigError(f"config must be a TOML path, a dict or a Config, not {type(config).__name__}")
+        values.update(_from_environ(environ))
+        values.update(_check_keys(overrides, "keyword arguments"))
+        if not values.get("cache_dir"):
+            values["cache_dir"] = default_cache_dir(environ)
+        return cls(**{k: _parse_value(k, v) for k, v in values.items()})._validated()
+
+    def as_dict(self):
+        """The fields as a plain dict."""
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes):
+        """A copy with some fields changed (validated)."""
+        _check_keys(changes, "replace()")
+        return dataclasses.replace(self, **{k: _parse_value(k, v) for k, v in changes.items()})._validated()
+
+    def schedule_levels(self):
+        """The levels the schedule names, cheapest first, plus the default level."""
+        named = set(self.schedule or {}) | {self.level}
+        return tuple(lv for lv in LEVELS if lv in named)
+
+    def _validated(self):
+        if not _NAME_RE.match(self.name) or ".." in self.name:
+            raise ConfigError(f"name {self.name!r}: use 1-128 letters, digits, '.', '_' or '-', "
+                              "starting with a letter or digit (it becomes a directory name)")
+        _check_placeholders(self.cache_dir)
+        if not self.pfs_dir:
+            raise ConfigError("pfs_dir must not be empty")
+        if self.ranks_per_node != "auto" and (not isinstance(self.ranks_per_node, int) or self.ranks_per_node < 1):
+            raise ConfigError(f"ranks_per_node must be 'auto' or a positive integer, got {self.ranks_per_node!r}")
+        for key, low in (("group_size", 2), ("rs_parity", 1), ("keep", 1)):
+            if getattr(self, key) < low:
+                raise ConfigError(f"{key} must be at least {low}, got {getattr(self, key)}")
+        if self.rs_parity >= self.group_size:
+            raise ConfigError(f"rs_parity ({self.rs_parity}) must be smaller than group_size ({self.group_size})")
+        if self.level not in LEVELS:
+            raise ConfigError(f"level {self.level!r} is not one of {', '.join(LEVELS)}")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy {self.policy!r} is not one of {', '.join(POLICIES)}")
+        if not (0 < self.exit_safety < 100):
+            raise ConfigError(f"exit_safety must be in (0, 100), got {self.exit_safety}")
+        if not (4096 <= self.io_chunk <= 1 << 30):
+            raise ConfigError(f"io_chunk must be between 4 KiB and 1 GiB, got {self.io_chunk}")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
+        return self
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_INT_KEYS = ("group_size", "rs_parity", "keep")
+_BOOL_KEYS = ("reuse_files", "cache_fsync")
+_STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "log_level")
+_TABLE_KEYS = ("schedule", "level_mtbf")
+
+
+def _check_keys(mapping, where):
+    unknown = sorted(set(mapping) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown config key(s) in {where}: {', '.join(map(str, unknown))}; "
+                          f"known keys: {', '.join(_FIELDS)}")
+    return dict(mapping)
+
+
+def _read_toml(path):
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {os.fspath(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {os.fspath(path)!r} is not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"config file {os.fspath(path)!r} cannot be read: {e.strerror}") from None
+
+
+def _from_environ(environ):
+    values = {}
+    for var, text in environ.items():
+        if not var.startswith(ENV_PREFIX):
+            continue
+        key = var[len(ENV_PREFIX):].lower()
+        if key not in _FIELDS:
+            raise ConfigError(f"unknown config key in environment variable {var}; "
+                              f"known keys: {', '.join(_FIELDS)}")
+        values[key] = _env_text(key, text, var)
+    return values
+
+
+def _env_text(key, text, var):
+    """Environment values are text: turn them into what a TOML file would hold."""
+    text = text.strip()
+    if key in _TABLE_KEYS:
+        if text.startswith("{"):
+            try:
+                return tomllib.loads(f"v = {text}")["v"]
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError(f"{var}: not a TOML inline table: {e}") from None
+        table = {}
+        for item in filter(None, (p.strip() for p in text.split(","))):
+            if "=" not in item:
+                raise ConfigError(f"{var}: expected 'level=value,...', got {text!r}")
+            k, v = (s.strip() for s in item.split("=", 1))
+            table[k] = int(v) if v.isdigit() else v
+        return table
+    if key in _BOOL_KEYS:
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{var}: expected true or false, got {text!r}")
+    if key in _INT_KEYS:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{var}: expected an integer, got {text!r}") from None
+    if key == "ranks_per_node":
+        if text == "auto":
+            return text
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{var}: expected 'auto' or an integer, got {text!r}") from None
+    if key in ("exit_safety", "end_time"):
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{var}: expected a number, got {text!r}") from None
+    if key in ("file_mode", "dir_mode"):
+        try:
+            return int(text, 8)
+        except ValueError:
+            raise ConfigError(f"{var}: expected an octal mode like 0600, got {text!r}") from None
+    if key in ("mtbf",):
+        return text
+    return text
+
+
+def _parse_value(key, value):
+    """Type-check one value (from any layer) and normalise it."""
+    if key in _STR_KEYS:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    if key in _INT_KEYS:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if key in _BOOL_KEYS:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if key == "ranks_per_node":
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        raise ConfigError(f"ranks_per_node must be 'auto' or a positive integer, got {value!r}")
+    if key in ("file_mode", "dir_mode"):
+        if isinstance(value, str):
+            try:
+                value = int(value, 8)
+            except ValueError:
+                raise ConfigError(f"{key} must be an octal mode like '0600', got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777:
+            raise ConfigError(f"{key} must be a permission mode between 0 and 0777, got {value!r}")
+        return value
+    if key == "io_chunk":
+        return parse_size(value, key)
+    if key == "exit_safety":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"exit_safety must be a number, got {value!r}")
+        return float(value)
+    if key == "mtbf":
+        return None if value is None else parse_duration(value, "mtbf")
+    if key == "end_time":
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"end_time must be epoch seconds, got {value!r}")
+        return float(value)
+    if key == "level_mtbf":
+        return None if value is None else {lv: parse_duration(v, f"level_mtbf.{lv}")
+                                           for lv, v in _level_table(key, value).items()}
+    if key == "schedule":
+        return None if value is None else {lv: _schedule_entry(lv, v)
+                                           for lv, v in _level_table(key, value).items()}
+    raise ConfigError(f"unknown config key {key!r}")  # unreachable: keys were checked
+
+
+def _level_table(key, value):
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key} must be a table of level = value, got {value!r}")
+    for lv in value:
+        if lv not in LEVELS:
+            raise ConfigError(f"{key}: {lv!r} is not a level; levels are {', '.join(LEVELS)}")
+    return value
+
+
+def _schedule_entry(level, value):
+    """int -> every N steps; duration string or ("seconds", s) -> every s seconds."""
+    if isinstance(value, (tuple, list)) and len(value) == 2 and value[0] in ("steps", "seconds"):
+        kind, amount = value
+        return _schedule_entry(level, amount if kind == "steps" else f"{float(amount)}s")
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise ConfigError(f"schedule.{level}: every N steps needs N >= 1, got {value}")
+        return ("steps", value)
+    if isinstance(value, str):
+        seconds = parse_duration(value, f"schedule.{level}")
+        if seconds <= 0:
+            raise ConfigError(f"schedule.{level}: the period must be positive, got {value!r}")
+        return ("seconds", seconds)
+    raise ConfigError(f"schedule.{level}: expected a number of steps or a duration like '10min', got {value!r}")
+
+
+def _check_placeholders(template):
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as e:
+        raise ConfigError(f"cache_dir {template!r}: {e}") from None
+    for f in fields:
+        if f not in CACHE_PLACEHOLDERS:
+            raise ConfigError(f"cache_dir {template!r}: unknown placeholder {{{f}}}; "
+                              f"allowed: {', '.join('{%s}' % p for p in CACHE_PLACEHOLDERS)}")
+
+
+def expand_cache_dir(cfg, node):
+    """The cache directory of one node (local)."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        user = str(os.getuid())
+    return os.path.abspath(cfg.cache_dir.format(node=node, user=user, name=cfg.name))

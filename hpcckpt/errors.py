@@ -1,0 +1,45 @@
+"""The exception hierarchy. Every exception hpcckpt raises on purpose derives from HpcCkptError."""
+
+
+class HpcCkptError(Exception):
+    """Base class of every error hpcckpt raises on purpose."""
+
+
+class ConfigError(HpcCkptError):
+    """A configuration key, value or file is wrong."""
+
+
+class ProtectError(HpcCkptError):
+    """An array given to protect() cannot be checkpointed (wrong kind, layout or name)."""
+
+
+class MismatchError(HpcCkptError):
+    """The protected arrays do not match the checkpoint being restored (names, shapes, dtypes)."""
+
+
+class IncompatibleCheckpointError(HpcCkptError):
+    """A checkpoint belongs to another job (name, world size) or another format version."""
+
+
+class CorruptCheckpointError(HpcCkptError):
+    """A checkpoint file is missing, truncated, unparsable or fails its checksum."""
+
+
+class CheckpointWriteError(HpcCkptError):
+    """Writing a checkpoint failed on at least one rank; the previous checkpoint is untouched."""
+
+
+class CollectiveError(HpcCkptError):
+    """A collective call failed on some ranks; raised on every rank.
+
+    ``errors`` maps each failing rank to its message.
+    """
+
+    def __init__(self, message, errors=None):
+        super().__init__(message)
+        self.errors = dict(errors or {})
+
+
+ALL = {cls.__name__: cls for cls in (
+    HpcCkptError, ConfigError, ProtectError, MismatchError, IncompatibleCheckpointError,
+    CorruptCheckpointError, CheckpointWriteError, CollectiveError)}

@@ -1,0 +1,52 @@
+"""Test-only fault injection (local). Inactive unless the environment sets ``_HPCCKPT_FAULT``.
+
+``_HPCCKPT_FAULT="PHASE:RANK[:STEP[:ACTION]]"`` — at PHASE, on RANK (or ``*``), at STEP (or ``*``),
+ACTION is ``kill`` (SIGKILL this process, the default) or ``error`` (raise ENOSPC, as a full disk
+would). Phases: ``write`` (half-way through the data), ``written`` (data written, before the
+ranks agree), ``commit`` (before this rank's manifest is written), ``committed`` (after it,
+before the final agreement), ``retire`` (while removing an old checkpoint), ``restore``
+(half-way through filling the arrays).
+"""
+import errno
+import os
+import signal
+
+_SPEC = os.environ.get("_HPCCKPT_FAULT", "")
+
+
+def _parse(spec):
+    if not spec:
+        return None
+    parts = spec.split(":") + ["*", "*", "kill"]
+    return parts[0], parts[1], parts[2], parts[3] or "kill"
+
+
+_PARSED = _parse(_SPEC)
+
+
+def hit(phase, rank, step=None):
+    """Trigger the configured fault if it matches (local)."""
+    if _PARSED is None:
+        return
+    p, r, s, action = _PARSED
+    if p != phase or (r != "*" and int(r) != rank) or (s != "*" and step is not None and int(s) != step):
+        return
+    if action == "error":
+        raise OSError(errno.ENOSPC, "No space left on device (injected fault)", phase)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class HalfWay:
+    """A callable for storage loops: fires ``hit(phase)`` once after ``after_calls`` calls."""
+
+    def __init__(self, phase, rank, step, after_calls=1):
+        self.phase, self.rank, self.step, self.left = phase, rank, step, after_calls
+
+    def __call__(self):
+        self.left -= 1
+        if self.left == 0:
+            hit(self.phase, self.rank, self.step)
+
+
+def active():
+    return _PARSED is not None

@@ -1,0 +1,154 @@
+"""The node-local level: one data file and one manifest per rank per step in the node's cache.
+
+Layout (docs/FORMAT.md): ``<cache_dir>/<name>/step_<S>/rank_<R>.dat`` and ``rank_<R>.json``;
+``<cache_dir>/<name>/spare/rank_<R>.dat`` holds a retired data file kept for overwriting. All
+methods are local: the Checkpointer runs the agreement between ranks.
+"""
+import logging
+import os
+import time
+
+import numpy as np
+
+from .. import faults, manifest as mf, storage
+from ..config import expand_cache_dir
+from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
+
+log = logging.getLogger("hpcckpt")
+
+
+class LocalCache:
+    """This rank's files in its node's cache directory."""
+
+    def __init__(self, cfg, topo):
+        self.cfg, self.rank, self.node, self.world_size = cfg, topo.rank, topo.node, topo.size
+        self.root = os.path.join(expand_cache_dir(cfg, topo.node), cfg.name)
+        self._buffer = None
+
+    # ------------------------------------------------------------------ paths
+    def step_dir(self, step):
+        return os.path.join(self.root, mf.step_dir_name(step))
+
+    def data_path(self, step):
+        return os.path.join(self.step_dir(step), mf.data_file_name(self.rank))
+
+    def manifest_path(self, step):
+        return os.path.join(self.step_dir(step), mf.manifest_file_name(self.rank))
+
+    @property
+    def spare_path(self):
+        return os.path.join(self.root, "spare", mf.data_file_name(self.rank))
+
+    def prepare(self):
+        """Create the cache directory (local)."""
+        storage.makedirs(self.root, self.cfg.dir_mode)
+
+    # ------------------------------------------------------------------ save
+    def write(self, step, ckpt_id, level, arrays):
+        """Write this rank's arrays for ``step`` (not yet committed); return its RankManifest.
+
+        ``arrays`` is a list of (name, array, global_shape, global_offset).
+        """
+        self.uncommit(step)  # a leftover of an abandoned run with the same step number
+        storage.makedirs(self.step_dir(step), self.cfg.dir_mode)
+        path = self.data_path(step)
+        reuse = None
+        if self.cfg.reuse_files and not os.path.exists(path) and os.path.exists(self.spare_path):
+            reuse = self.spare_path
+        chunks = sum(-(-a.nbytes // self.cfg.io_chunk) for _, a, _, _ in arrays)
+        fault = faults.HalfWay("write", self.rank, step, max(1, chunks // 2)) if faults.active() else None
+        entries, size = storage.write_arrays(path, [(n, a) for n, a, _, _ in arrays], self.cfg.io_chunk,
+                                             self.cfg.file_mode, self.cfg.cache_fsync, reuse, fault)
+        table = []
+        for (name, array, gshape, goffset), (_, offset, nbytes, checksum) in zip(arrays, entries):
+            table.append(mf.ArrayEntry(name, array.dtype.str, tuple(array.shape), offset, nbytes, checksum,
+                                       gshape, goffset))
+        return mf.RankManifest(name=self.cfg.name, world_size=self.world_size, rank=self.rank, node=self.node,
+                               step=step, level=level, ckpt_id=ckpt_id, created=time.time(),
+                               data_file=mf.data_file_name(self.rank), data_size=size, arrays=tuple(table))
+
+    def commit(self, manifest):
+        """Write the manifest atomically: from now on this rank's part of the step exists."""
+        storage.atomic_write_json(self.manifest_path(manifest.step), manifest.to_json(), self.cfg.file_mode)
+
+    def uncommit(self, step):
+        """Remove this rank's manifest of ``step`` (the data stays, reusable)."""
+        storage.remove_file(self.manifest_path(step))
+
+    # ------------------------------------------------------------------ scan / restore
+    def steps_on_disk(self):
+        """Every step directory under the cache root (committed or not), ascending."""
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        return sorted(s for s in map(mf.parse_step_dir_name, names) if s is not None)
+
+    def scan(self):
+        """This rank's readable manifests: {step: RankManifest or an error message}."""
+        found = {}
+        for step in self.steps_on_disk():
+            path = self.manifest_path(step)
+            if not os.path.lexists(path):
+                continue
+            try:
+                m = mf.parse(storage.read_json(path), path)
+                if m.step != step or m.rank != self.rank:
+                    raise CorruptCheckpointError(f"{path}: describes step {m.step} rank {m.rank}")
+                if m.name != self.cfg.name:
+                    raise IncompatibleCheckpointError(f"{path}: belongs to job {m.name!r}, not {self.cfg.name!r}")
+                if m.world_size != self.world_size:
+                    raise IncompatibleCheckpointError(
+                        f"{path}: step {step} was written by {m.world_size} ranks, this job has "
+                        f"{self.world_size}; only the pfs level with global layouts restarts on another rank count")
+                found[step] = m
+            except IncompatibleCheckpointError as e:
+                found[step] = ("incompatible", str(e))
+            except (CorruptCheckpointError, OSError) as e:
+                found[step] = ("damaged", str(e))
+        return found
+
+    def _read_buffer(self):
+        if self._buffer is None:
+            self._buffer = np.empty(self.cfg.io_chunk, np.uint8)
+        return self._buffer
+
+    def verify(self, manifest):
+        """Re-hash this rank's data for ``manifest``; CorruptCheckpointError on any difference."""
+        storage.verify_file(self.data_path(manifest.step), manifest.data_size,
+                            [(a.name, a.offset, a.nbytes, a.checksum) for a in manifest.arrays],
+                            self._read_buffer())
+
+    def read_into(self, manifest, arrays):
+        """Fill the protected arrays in place from a verified step. ``arrays``: {name: ndarray}."""
+        chunks = sum(-(-a.nbytes // self.cfg.io_chunk) for a in manifest.arrays)
+        fault = faults.HalfWay("restore", self.rank, manifest.step, max(1, chunks // 2)) if faults.active() else None
+        storage.read_into(self.data_path(manifest.step), manifest.data_size,
+                          [(arrays[a.name], a.offset) for a in manifest.arrays], self.cfg.io_chunk, fault)
+
+    # ------------------------------------------------------------------ retire
+    def retire(self, step):
+        """Delete this rank's part of ``step``: manifest first (uncommit), then the data.
+
+        With ``reuse_files`` the data file becomes the spare that the next checkpoint overwrites.
+        """
+        self.uncommit(step)
+        data = self.data_path(step)
+        if self.cfg.reuse_files and os.path.exists(data) and not os.path.exists(self.spare_path):
+            storage.makedirs(os.path.dirname(self.spare_path), self.cfg.dir_mode)
+            os.replace(data, self.spare_path)
+        faults.hit("retire", self.rank, step)
+        self._remove_rank_files(self.step_dir(step))
+
+    def _remove_rank_files(self, directory):
+        prefix = f"rank_{self.rank:06d}."
+        try:
+            entries = list(os.scandir(directory))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                self._remove_rank_files(entry.path)
+            elif entry.name.startswith(prefix):
+                storage.remove_file(entry.path)
+        storage.remove_dir_if_empty(directory)

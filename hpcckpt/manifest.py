@@ -1,0 +1,220 @@
+"""The versioned JSON manifest of one rank's part of a checkpoint (local, pure).
+
+A manifest is the commit marker: data without a manifest is not a checkpoint. Everything read
+back is validated strictly before use; nothing is unpickled. See docs/FORMAT.md.
+"""
+import dataclasses
+import math
+import re
+
+import numpy as np
+
+from .codecs.checksum import ALGORITHM
+from .errors import CorruptCheckpointError, IncompatibleCheckpointError, ProtectError
+
+FORMAT = "hpcckpt-rank"
+VERSION = 1
+ARRAY_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
+ALLOWED_DTYPE_KINDS = "biufcSUmM"
+MAX_DIMS = 32
+MAX_BYTES = 1 << 50
+_HEX_RE = re.compile(r"^[0-9a-f]{1,64}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayEntry:
+    """One protected array inside a rank's data file."""
+    name: str
+    dtype: str
+    shape: tuple
+    offset: int
+    nbytes: int
+    checksum: str
+    global_shape: tuple = None
+    global_offset: tuple = None
+
+    def to_json(self):
+        d = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "offset": self.offset,
+             "nbytes": self.nbytes, "checksum": self.checksum}
+        if self.global_shape is not None:
+            d["global_shape"] = list(self.global_shape)
+            d["global_offset"] = list(self.global_offset)
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class RankManifest:
+    """What one rank wrote for one step."""
+    name: str
+    world_size: int
+    rank: int
+    node: int
+    step: int
+    level: str
+    ckpt_id: str
+    created: float
+    data_file: str
+    data_size: int
+    arrays: tuple
+
+    def to_json(self):
+        return {"format": FORMAT, "version": VERSION, "name": self.name, "world_size": self.world_size,
+                "rank": self.rank, "node": self.node, "step": self.step, "level": self.level,
+                "ckpt_id": self.ckpt_id, "created": self.created, "checksum_algorithm": ALGORITHM,
+                "data_file": self.data_file, "data_size": self.data_size,
+                "arrays": [a.to_json() for a in self.arrays]}
+
+    def array(self, name):
+        for a in self.arrays:
+            if a.name == name:
+                return a
+        return None
+
+
+def check_array_name(name):
+    """Raise ProtectError unless ``name`` is a safe array name (it becomes a dataset name)."""
+    if not isinstance(name, str) or not ARRAY_NAME_RE.match(name):
+        raise ProtectError(f"array name {name!r}: use 1-128 letters, digits, '_', '.' or '-', "
+                           "starting with a letter or '_'")
+
+
+def check_dtype(dtype):
+    """Raise ProtectError unless the dtype can be stored (plain numbers, bools, strings, times)."""
+    if dtype.kind not in ALLOWED_DTYPE_KINDS or dtype.fields is not None or dtype.hasobject:
+        raise ProtectError(f"dtype {dtype} cannot be checkpointed: only plain bool, integer, float, "
+                           "complex, bytes/str and datetime dtypes (no object or structured dtypes)")
+
+
+def parse(doc, where):
+    """Validate a manifest document loaded from JSON; return a RankManifest."""
+    def bad(msg):
+        return CorruptCheckpointError(f"{where}: {msg}")
+
+    if not isinstance(doc, dict):
+        raise bad("not a JSON object")
+    if doc.get("format") != FORMAT:
+        raise bad(f"format is {doc.get('format')!r}, expected {FORMAT!r}")
+    version = doc.get("version")
+    if not _is_int(version) or version < 1:
+        raise bad(f"bad version {version!r}")
+    if version > VERSION:
+        raise IncompatibleCheckpointError(f"{where}: format version {version} is newer than this "
+                                          f"hpcckpt understands ({VERSION}); upgrade hpcckpt")
+    if doc.get("checksum_algorithm") != ALGORITHM:
+        raise bad(f"unknown checksum algorithm {doc.get('checksum_algorithm')!r}")
+    ints = {}
+    for key in ("world_size", "rank", "node", "step", "data_size"):
+        v = doc.get(key)
+        if not _is_int(v) or v < 0 or v > MAX_BYTES:
+            raise bad(f"{key} must be a non-negative integer, got {v!r}")
+        ints[key] = v
+    if ints["world_size"] < 1 or ints["rank"] >= ints["world_size"]:
+        raise bad(f"rank {ints['rank']} does not fit world size {ints['world_size']}")
+    strs = {}
+    for key in ("name", "level", "ckpt_id", "data_file"):
+        v = doc.get(key)
+        if not isinstance(v, str) or not v or len(v) > 256:
+            raise bad(f"{key} must be a short non-empty string, got {v!r}")
+        strs[key] = v
+    if strs["data_file"] != data_file_name(ints["rank"]):
+        raise bad(f"data_file {strs['data_file']!r} is not {data_file_name(ints['rank'])!r}")
+    created = doc.get("created")
+    if not isinstance(created, (int, float)) or isinstance(created, bool) or not math.isfinite(created):
+        raise bad(f"bad creation time {created!r}")
+    arrays = doc.get("arrays")
+    if not isinstance(arrays, list) or len(arrays) > 100000:
+        raise bad("arrays must be a list")
+    entries, names, end = [], set(), 0
+    for i, a in enumerate(arrays):
+        entry = _parse_array(a, f"{where}: arrays[{i}]")
+        if entry.name in names:
+            raise bad(f"array {entry.name!r} appears twice")
+        if entry.offset < end:
+            raise bad(f"array {entry.name!r} overlaps the previous one")
+        end = entry.offset + entry.nbytes
+        if end > ints["data_size"]:
+            raise bad(f"array {entry.name!r} ends at byte {end}, past the data size {ints['data_size']}")
+        names.add(entry.name)
+        entries.append(entry)
+    return RankManifest(name=strs["name"], world_size=ints["world_size"], rank=ints["rank"], node=ints["node"],
+                        step=ints["step"], level=strs["level"], ckpt_id=strs["ckpt_id"], created=float(created),
+                        data_file=strs["data_file"], data_size=ints["data_size"], arrays=tuple(entries))
+
+
+def _parse_array(a, where):
+    def bad(msg):
+        return CorruptCheckpointError(f"{where}: {msg}")
+
+    if not isinstance(a, dict):
+        raise bad("not an object")
+    name = a.get("name")
+    if not isinstance(name, str) or not ARRAY_NAME_RE.match(name):
+        raise bad(f"bad array name {name!r}")
+    dtype_text = a.get("dtype")
+    if not isinstance(dtype_text, str) or len(dtype_text) > 16:
+        raise bad(f"bad dtype {dtype_text!r}")
+    try:
+        dtype = np.dtype(dtype_text)
+    except (TypeError, ValueError):
+        raise bad(f"bad dtype {dtype_text!r}") from None
+    if dtype.str != dtype_text or dtype.kind not in ALLOWED_DTYPE_KINDS or dtype.fields is not None:
+        raise bad(f"dtype {dtype_text!r} is not allowed")
+    shape = _int_tuple(a.get("shape"), bad, "shape")
+    count = 1
+    for n in shape:
+        count *= n
+    if count * dtype.itemsize > MAX_BYTES:
+        raise bad(f"shape {shape} is absurdly large")
+    offset, nbytes = a.get("offset"), a.get("nbytes")
+    if not _is_int(offset) or not 0 <= offset <= MAX_BYTES:
+        raise bad(f"bad offset {offset!r}")
+    if nbytes != count * dtype.itemsize:
+        raise bad(f"nbytes {nbytes!r} does not match shape {shape} of {dtype_text}")
+    checksum = a.get("checksum")
+    if not isinstance(checksum, str) or not _HEX_RE.match(checksum):
+        raise bad(f"bad checksum {checksum!r}")
+    gshape = goffset = None
+    if "global_shape" in a or "global_offset" in a:
+        gshape = _int_tuple(a.get("global_shape"), bad, "global_shape")
+        goffset = _int_tuple(a.get("global_offset"), bad, "global_offset")
+        check_global_layout(shape, gshape, goffset, bad)
+    return ArrayEntry(name, dtype_text, shape, offset, nbytes, checksum, gshape, goffset)
+
+
+def check_global_layout(shape, global_shape, offset, make_error):
+    """The local block of ``shape`` at ``offset`` must lie inside ``global_shape``."""
+    if len(global_shape) != len(shape) or len(offset) != len(shape):
+        raise make_error(f"global_shape {global_shape} and offset {offset} must have {len(shape)} "
+                         f"dimensions like the local shape {shape}")
+    for n, g, o in zip(shape, global_shape, offset):
+        if o + n > g:
+            raise make_error(f"the local block {shape} at offset {offset} does not fit in global_shape {global_shape}")
+
+
+def _int_tuple(v, bad, what):
+    if not isinstance(v, list) or len(v) > MAX_DIMS or not all(_is_int(n) and 0 <= n <= MAX_BYTES for n in v):
+        raise bad(f"bad {what} {v!r}")
+    return tuple(v)
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def step_dir_name(step):
+    return f"step_{step:010d}"
+
+
+def parse_step_dir_name(name):
+    """The step number of a directory name like step_0000000012, or None."""
+    if name.startswith("step_") and len(name) == 15 and name[5:].isdigit():
+        return int(name[5:])
+    return None
+
+
+def data_file_name(rank):
+    return f"rank_{rank:06d}.dat"
+
+
+def manifest_file_name(rank):
+    return f"rank_{rank:06d}.json"

@@ -1,0 +1,218 @@
+"""Files and directories: atomic writes, safe paths, chunked hashed array I/O (all local)."""
+import errno
+import json
+import os
+
+import numpy as np
+
+from .codecs.checksum import new_hasher
+from .errors import CorruptCheckpointError, HpcCkptError
+
+MAX_JSON_BYTES = 16 << 20  # a manifest larger than this is refused before parsing
+
+
+def makedirs(path, mode=0o700):
+    """Create a directory and its parents (race-safe between ranks)."""
+    os.makedirs(path, mode=mode, exist_ok=True)
+
+
+def safe_join(root, *parts):
+    """Join parts under root; refuse absolute parts, '..' and anything that escapes root."""
+    for p in parts:
+        if not isinstance(p, str) or not p or os.path.isabs(p) or p in (".", "..") \
+                or "/" in p or "\\" in p or "\0" in p:
+            raise CorruptCheckpointError(f"refusing path component {p!r} under {root}")
+    path = os.path.join(root, *parts)
+    if os.path.commonpath([os.path.realpath(root), os.path.realpath(path)]) != os.path.realpath(root):
+        raise CorruptCheckpointError(f"refusing {path}: it resolves outside {root}")
+    return path
+
+
+def fsync_dir(path):
+    """Make a rename in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path, data, mode=0o600, fsync=True):
+    """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync of the directory."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quiet(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    if fsync:
+        fsync_dir(os.path.dirname(path) or ".")
+
+
+def atomic_write_json(path, obj, mode=0o600, fsync=True):
+    """Write a JSON document atomically (see atomic_write_bytes)."""
+    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode(), mode, fsync)
+
+
+def read_json(path, max_bytes=MAX_JSON_BYTES):
+    """Read a JSON document written by hpcckpt; CorruptCheckpointError if it is not one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CorruptCheckpointError(f"{path}: is a symbolic link; refusing to follow it") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise CorruptCheckpointError(f"{path}: larger than {max_bytes} bytes; not a manifest")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CorruptCheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def _unlink_quiet(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_file(path):
+    """Unlink a file; missing is fine."""
+    _unlink_quiet(path)
+
+
+def remove_dir_if_empty(path):
+    """rmdir that tolerates a missing or (because another rank still works in it) non-empty dir."""
+    try:
+        os.rmdir(path)
+    except OSError as e:
+        if e.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST):
+            raise
+
+
+def byte_view(array):
+    """A flat uint8 view of a C-contiguous array (no copy)."""
+    return array.reshape(-1).view(np.uint8)
+
+
+def align(n, to=64):
+    return (n + to - 1) // to * to
+
+
+def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault=None):
+    """Write arrays back to back (64-byte aligned) into one file, hashing each while writing.
+
+    ``arrays`` is a list of (name, array). If ``reuse`` names an existing file, it is renamed to
+    ``path`` and overwritten in place (much faster than a new file on tmpfs). Returns a list of
+    (name, offset, nbytes, checksum hex) and the file size. ``fault(fraction)`` is a test hook.
+    """
+    if reuse is not None:
+        try:
+            os.replace(reuse, path)
+        except FileNotFoundError:
+            pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, mode)
+    try:
+        entries, offset = [], 0
+        for name, array in arrays:
+            data = byte_view(array)
+            hasher = new_hasher()
+            nbytes = data.nbytes
+            for start in range(0, nbytes, chunk):
+                piece = data[start:start + chunk]
+                hasher.update(piece)
+                _pwrite_all(fd, piece, offset + start)
+                if fault is not None:
+                    fault()
+            entries.append((name, offset, nbytes, hasher.hexdigest()))
+            offset = align(offset + nbytes)
+        size = entries[-1][1] + entries[-1][2] if entries else 0
+        os.ftruncate(fd, size)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return entries, size
+
+
+def _pwrite_all(fd, view, offset):
+    view = memoryview(view)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def _pread_into(fd, view, offset, path):
+    view = memoryview(view)
+    while view:
+        n = os.preadv(fd, [view], offset)
+        if n == 0:
+            raise CorruptCheckpointError(f"{path}: truncated (ends before byte {offset + len(view)})")
+        view, offset = view[n:], offset + n
+
+
+def open_checked(path, expected_size):
+    """Open a data file for reading and check its size; CorruptCheckpointError if wrong."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"{path}: missing") from None
+    except OSError as e:
+        raise CorruptCheckpointError(f"{path}: cannot open ({e.strerror})") from None
+    size = os.fstat(fd).st_size
+    if size != expected_size:
+        os.close(fd)
+        raise CorruptCheckpointError(f"{path}: size {size} bytes, the manifest says {expected_size} "
+                                     f"({'truncated' if size < expected_size else 'too long'})")
+    return fd
+
+
+def verify_file(path, expected_size, entries, buffer):
+    """Re-hash every (name, offset, nbytes, checksum) entry of a file; raise on any difference.
+
+    ``buffer`` is a reusable uint8 array (its size is the read chunk).
+    """
+    fd = open_checked(path, expected_size)
+    try:
+        for name, offset, nbytes, checksum in entries:
+            hasher = new_hasher()
+            for start in range(0, nbytes, buffer.nbytes):
+                piece = buffer[:min(buffer.nbytes, nbytes - start)]
+                _pread_into(fd, piece, offset + start, path)
+                hasher.update(piece)
+            if hasher.hexdigest() != checksum:
+                raise CorruptCheckpointError(f"{path}: array {name!r} fails its checksum "
+                                             f"({hasher.hexdigest()} != {checksum})")
+    finally:
+        os.close(fd)
+
+
+def read_into(path, expected_size, targets, chunk, fault=None):
+    """Read (array, offset) pairs straight into the arrays' memory (no copy, no hashing)."""
+    fd = open_checked(path, expected_size)
+    try:
+        for array, offset in targets:
+            data = byte_view(array)
+            for start in range(0, data.nbytes, chunk):
+                _pread_into(fd, data[start:start + chunk], offset + start, path)
+                if fault is not None:
+                    fault()
+    finally:
+        os.close(fd)
+
+
+def check_inside(root, path):
+    """Raise HpcCkptError when ``path`` is not inside ``root`` (after resolving links)."""
+    if os.path.commonpath([os.path.realpath(root), os.path.realpath(path)]) != os.path.realpath(root):
+        raise HpcCkptError(f"{path} is outside {root}")

@@ -1,0 +1,113 @@
+"""A small deterministic MPI application protected by hpcckpt, driven by the MPI tests.
+
+Every rank owns arrays of a rank-dependent size; each step updates them deterministically, so a
+restarted run ends bitwise equal to a failure-free run. Options:
+  --cache DIR --name NAME --steps N --every K (checkpoint every K steps at --level)
+  --crash-at S --crash-rank R     SIGKILL rank R right after step S's update
+  --out DIR                       write the final arrays as rank_<r>_<name>.npy
+  --uneven                        ranks protect different amounts of data
+  --no-restart                    do not call restart()
+  --config-json JSON              extra Checkpointer keyword arguments
+Prints "RESTART <step|None>", "CKPT <step> <level> <bytes>", "DONE".
+"""
+import argparse
+import json
+import os
+import signal
+
+import numpy as np
+from mpi4py import MPI
+
+import hpcckpt
+
+p = argparse.ArgumentParser()
+p.add_argument("--cache", required=True)
+p.add_argument("--name", default="app")
+p.add_argument("--steps", type=int, default=20)
+p.add_argument("--every", type=int, default=5)
+p.add_argument("--level", default="local")
+p.add_argument("--crash-at", type=int, default=-1)
+p.add_argument("--crash-rank", type=int, default=0)
+p.add_argument("--out", default=None)
+p.add_argument("--n", type=int, default=1000)
+p.add_argument("--uneven", action="store_true")
+p.add_argument("--no-restart", action="store_true")
+p.add_argument("--config-json", default="{}")
+p.add_argument("--expect-error", action="store_true", help="restart() must raise: print it, exit 3")
+p.add_argument("--tolerate-write-errors", action="store_true", help="print CKPTFAIL and go on")
+p.add_argument("--rank-config-json", default=None, help="RANK:JSON extra keyword arguments on one rank only")
+p.add_argument("--extra-array-on-rank", type=int, default=-1, help="this rank protects one more array")
+a = p.parse_args()
+
+
+def say(line):
+    """One write per line, so lines of different ranks never interleave."""
+    os.write(1, (line + "\n").encode())
+
+
+comm = MPI.COMM_WORLD
+rank = comm.rank
+n = a.n + (rank * 37 if a.uneven else 0)
+kwargs = dict(name=a.name, cache_dir=a.cache, pfs_dir=os.path.join(a.cache, "pfs"))
+kwargs.update(json.loads(a.config_json))
+if a.rank_config_json:
+    r, text = a.rank_config_json.split(":", 1)
+    if int(r) == rank:
+        kwargs.update(json.loads(text))
+try:
+    ckpt = hpcckpt.Checkpointer(comm, **kwargs)
+except hpcckpt.HpcCkptError as e:
+    say(f"ERROR {type(e).__name__} rank={rank} {e}")
+    raise SystemExit(3)
+
+with ckpt:
+    u = np.arange(n, dtype=np.float64) * (rank + 1)
+    grid = np.full((3, 5 + rank % 2 if a.uneven else 5), rank, dtype=np.int32)
+    it = np.zeros((), np.int64)
+    ckpt.protect("u", u)
+    ckpt.protect("grid", grid)
+    ckpt.protect("it", it)
+    if rank == a.extra_array_on_rank:
+        ckpt.protect("extra", np.zeros(3))
+    initial = [x.copy() for x in (u, grid, it)]
+    start = None
+    if not a.no_restart:
+        if a.expect_error:
+            try:
+                ckpt.restart()
+            except hpcckpt.HpcCkptError as e:
+                say(f"ERROR {type(e).__name__} rank={rank} {e}")
+                raise SystemExit(3)
+            raise SystemExit(4)
+        start = ckpt.restart()
+    if rank == 0:
+        say(f"RESTART {start}")
+    if start is not None:
+        assert int(it) == start, (int(it), start)
+    else:
+        assert all(np.array_equal(x, y) for x, y in zip(initial, (u, grid, it))), "restart() touched the arrays"
+    for step in range(0 if start is None else start + 1, a.steps):
+        u *= 1.0001
+        u += np.sin(u[: 1]) + step
+        grid += step % 7 + rank
+        it[...] = step
+        if step == a.crash_at and rank == a.crash_rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if (step + 1) % a.every == 0:
+            try:
+                info = ckpt.checkpoint(step, level=a.level)
+            except hpcckpt.HpcCkptError as e:
+                if not a.tolerate_write_errors:
+                    say(f"ERROR {type(e).__name__} rank={rank} {e}")
+                    raise SystemExit(3)
+                say(f"CKPTFAIL {step} {type(e).__name__} rank={rank} {e}")
+                continue
+            if rank == 0:
+                say(f"CKPT {info.step} {info.level} {info.bytes}")
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        for name, arr in (("u", u), ("grid", grid), ("it", it)):
+            np.save(os.path.join(a.out, f"rank_{rank}_{name}.npy"), arr)
+comm.Barrier()
+if rank == 0:
+    print("DONE", flush=True)
