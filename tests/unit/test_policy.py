@@ -1,0 +1,229 @@
+"""The online Policy, driven with a fake clock."""
+import json
+import math
+
+import pytest
+
+from hpcckpt.errors import ConfigError
+from hpcckpt.interval import daly, multilevel_periods, young
+from hpcckpt.policy import DEFAULT_FIXED, LEVELS, UNMEASURED_COST_GUESS, Policy
+
+
+class Clock:
+    def __init__(self, t=1000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def make(**kw):
+    clock = Clock()
+    p = Policy(clock=clock, **kw)
+    p.start()
+    return p, clock
+
+
+def run_steps(policy, clock, steps, step_seconds, costs, first_step=0):
+    """Drive the policy like the Checkpointer: compute, decide, checkpoint; returns [(step, level)]."""
+    taken = []
+    for step in range(first_step, first_step + steps):
+        clock.t += step_seconds
+        level = policy.decide(step)
+        if level:
+            clock.t += costs[level]
+            policy.record_checkpoint(level, costs[level])
+            taken.append((step, level))
+        if policy.should_exit():
+            break
+    return taken
+
+
+def test_levels_constant():
+    assert LEVELS == ("local", "partner", "xor", "rs", "pfs")
+
+
+def test_auto_kind():
+    assert Policy().kind == "fixed"
+    assert Policy(mtbf="24h").kind == "daly"
+    assert Policy(level_mtbf={"local": "1h"}).kind == "daly"
+
+
+def test_default_fixed_schedule_is_hourly_on_the_most_resilient_level():
+    p, clock = make(levels=("pfs", "local"))
+    assert p.levels == ("local", "pfs")
+    assert p.schedule == {"pfs": DEFAULT_FIXED}
+    clock.t += 3599
+    assert p.decide(0) is None
+    clock.t += 1
+    assert p.decide(1) == "pfs"
+
+
+def test_fixed_steps_rule_and_most_resilient_wins():
+    p, clock = make(kind="fixed", levels=("local", "pfs"), schedule={"local": 5, "pfs": ("steps", 10)})
+    taken = run_steps(p, clock, 30, 1.0, {"local": 0.1, "pfs": 1.0})
+    assert taken == [(4, "local"), (9, "pfs"), (14, "local"), (19, "pfs"), (24, "local"), (29, "pfs")]
+
+
+def test_fixed_seconds_counts_compute_time_only():
+    p, clock = make(kind="fixed", levels=("local", "pfs"), schedule={"local": "60s", "pfs": ("seconds", 150)})
+    taken = run_steps(p, clock, 40, 10.0, {"local": 5.0, "pfs": 20.0})
+    # step s ends at 10 (s + 1) s of compute; checkpoint time does not count; a pfs checkpoint
+    # also restarts the local timer (it covers local)
+    assert taken == [(5, "local"), (11, "local"), (14, "pfs"), (20, "local"), (26, "local"), (29, "pfs"),
+                     (35, "local")]
+    assert p.compute_since("local") == pytest.approx(40.0)
+    assert p.compute_since("pfs") == pytest.approx(100.0)
+
+
+def test_formula_policy_probes_the_cheapest_level_first_then_uses_daly():
+    p, clock = make(kind="daly", mtbf="6h", levels=("local",))
+    clock.t += 1
+    assert p.decide(0) == "local"                # nothing measured yet: measure the cheapest level
+    clock.t += 30
+    p.record_checkpoint("local", 30.0)
+    period = daly(30.0, 6 * 3600)
+    assert p.periods() == {"local": pytest.approx(period)}
+    clock.t += period - 1
+    assert p.decide(1) is None
+    clock.t += 1
+    assert p.decide(2) == "local"
+
+
+def test_young_policy_and_moving_average_of_costs():
+    p, clock = make(kind="young", mtbf=86400.0, levels=("local",))
+    for c in (1, 2, 3, 4, 5, 10, 10, 10, 10, 10):
+        clock.t += c
+        p.record_checkpoint("local", c)
+    assert p.cost("local") == 10.0               # last 5 measurements
+    assert p.periods()["local"] == pytest.approx(young(10.0, 86400.0))
+
+
+def test_unmeasured_higher_level_uses_the_largest_measured_cost_then_its_own():
+    p, clock = make(level_mtbf={"local": "1h", "partner": "24h"},
+                    levels=("local", "pfs"))
+    # partner is not enabled: node losses are sized on pfs, the cheapest enabled level surviving them
+    assert p.rates == pytest.approx({"local": 1 / 3600, "pfs": 1 / 86400})
+    p.record_checkpoint("local", 2.0, now=clock.t + 2)
+    assert p.periods()["pfs"] == pytest.approx(daly(2.0, 86400))
+    p.record_checkpoint("pfs", 60.0, now=clock.t + 100)
+    assert p.periods() == {"local": pytest.approx(daly(2.0, 3600)), "pfs": pytest.approx(daly(60.0, 86400))}
+
+
+def test_nothing_measured_uses_the_guess():
+    p, _ = make(kind="young", mtbf=3600.0, levels=("local",))
+    assert p.periods()["local"] == pytest.approx(young(UNMEASURED_COST_GUESS, 3600.0))
+
+
+def test_multilevel_policy_nests_the_periods_and_the_pfs_covers_local():
+    p, clock = make(kind="multilevel", level_mtbf={"local": "1h", "pfs": "1d"}, levels=("local", "pfs"))
+    costs = {"local": 2.0, "pfs": 60.0}
+    taken = run_steps(p, clock, 2000, 10.0, costs)
+    periods = multilevel_periods(costs, {"local": 1 / 3600, "pfs": 1 / 86400})
+    assert p.periods() == pytest.approx(periods)
+    ratio = round(periods["pfs"] / periods["local"])
+    assert ratio > 5
+    assert taken[0] == (0, "local")              # the probe
+    steps = [s for s, _ in taken]
+    levels = [lv for _, lv in taken]
+    pfs_at = [i for i, lv in enumerate(levels) if lv == "pfs"]
+    assert len(pfs_at) >= 3
+    # the unmeasured pfs is guessed as costly as local, so the 2nd checkpoint is a pfs one (measuring
+    # it); then exact nesting: every ratio-th checkpoint is a pfs one
+    assert pfs_at[0] == 1
+    assert {b - a for a, b in zip(pfs_at, pfs_at[1:])} == {ratio}
+    # local period honoured to within one 10 s step
+    for a, b in zip(steps[1:], steps[2:]):
+        assert periods["local"] <= 10 * (b - a) < periods["local"] + 10
+
+
+def test_final_checkpoint_requested_once_with_step_estimate():
+    clock = Clock(0.0)
+    p = Policy(kind="fixed", schedule={"local": 1000}, levels=("local", "pfs"), end_time=1000.0,
+               exit_safety=2.0, clock=clock)
+    p.start()
+    p.record_checkpoint("pfs", 10.0, now=10.0)   # pfs cost known: 10 s
+    decisions = []
+    for step in range(100):
+        clock.t += 50.0
+        level = p.decide(step)
+        decisions.append((clock.t, level))
+        if level:
+            clock.t += 10.0
+            p.record_checkpoint(level, 10.0)
+        if p.should_exit():
+            break
+    # steps of 50 s: final when now + 50 + 2 * 10 >= 1000 -> first decide at t >= 930: t = 950
+    assert [d for d in decisions if d[1]] == [(950.0, "pfs")]
+    assert p.final_taken and p.should_exit()
+    assert decisions[-1][0] == 950.0
+    assert p.decide(100) is None                 # never again
+
+
+def test_final_checkpoint_without_pfs_is_the_most_resilient_and_exit_without_it():
+    clock = Clock(0.0)
+    p = Policy(kind="fixed", schedule={"local": 1000}, levels=("local", "partner"), end_time=100.0, clock=clock)
+    p.start()
+    p.record_checkpoint("partner", 5.0, now=0.0)
+    seen = []
+    for step in range(20):
+        clock.t += 10.0                          # 10 s steps, never recording the final checkpoint
+        seen.append((clock.t, p.decide(step), p.should_exit()))
+        if seen[-1][2]:
+            break
+    # final when now + 10 + 2 * 5 >= 100 (t = 80); exit when now + 10 + 5 >= 100 (t = 90)
+    assert [(t, lv) for t, lv, _ in seen if lv] == [(80.0, "partner")]
+    assert seen[-1] == (90.0, None, True)
+    assert [t for t, _, ex in seen if ex] == [90.0]
+    assert not p.final_taken
+
+
+def test_no_end_time_never_exits():
+    p, clock = make(mtbf="1h")
+    clock.t += 1e7
+    assert p.should_exit() is False
+
+
+def test_describe_is_json_and_reports_state():
+    p, clock = make(kind="daly", level_mtbf={"local": "1h", "pfs": "1d"}, levels=("local", "pfs"),
+                    end_time=1e9)
+    p.record_checkpoint("local", 2.0, now=clock.t + 2)
+    d = p.describe()
+    json.dumps(d)
+    assert d["kind"] == "daly" and d["levels"] == ["local", "pfs"]
+    assert d["costs"] == {"local": 2.0, "pfs": None}
+    assert d["mtbf"] == {"local": 3600.0, "pfs": 86400.0}
+    assert d["periods"]["local"] == pytest.approx(daly(2.0, 3600))
+    assert d["final_level"] == "pfs" and d["final_requested"] is False
+
+
+@pytest.mark.parametrize("kw", [
+    dict(kind="magic"),
+    dict(kind="young"),
+    dict(kind="daly"),
+    dict(kind="multilevel", mtbf="1h"),
+    dict(levels=()),
+    dict(levels=("local", "disk")),
+    dict(mtbf="soon"),
+    dict(mtbf=0),
+    dict(level_mtbf={"disk": "1h"}),
+    dict(level_mtbf={"pfs": "1h"}, levels=("local",)),       # nothing enabled survives those
+    dict(kind="fixed", schedule={"pfs": 10}),                 # pfs not enabled
+    dict(kind="fixed", schedule={"local": 0}),
+    dict(kind="fixed", schedule={"local": 2.5}),
+    dict(kind="fixed", schedule={"local": ("hours", 2)}),
+    dict(exit_safety=0.5),
+    dict(end_time=float("nan")),
+])
+def test_bad_configuration(kw):
+    with pytest.raises(ConfigError):
+        Policy(**kw)
+
+
+def test_record_checkpoint_validation():
+    p, _ = make()
+    with pytest.raises(ConfigError):
+        p.record_checkpoint("pfs", 1.0)
+    with pytest.raises(ConfigError):
+        p.record_checkpoint("local", -1.0)
+    assert math.isfinite(p.compute_since("local"))
