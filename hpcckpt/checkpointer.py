@@ -69,33 +69,22 @@ class Checkpointer:
         self._arrays = {}
         self._last_step = None
         self._due = None
-        with Collective(comm, "Checkpointer configuration") as c:
+        with Collective(comm, "Checkpointer configuration"):
             self.config = Config.load(config, **overrides)
+            self.policy = self._make_policy()
         _setup_logging(self.config, comm.rank)
         self.topology = Topology.build(comm, self.config.ranks_per_node)
         self.cache = LocalCache(self.config, self.topology)
         with Collective(comm, "creating the cache directory") as c:
             self.cache.prepare()
-        self.policy = self._make_policy()
 
     def _make_policy(self):
-        try:
-            from .policy import Policy
-        except ImportError:  # TEMPORARY until policy.py lands
-            class Policy:
-                def __init__(self, **kw):
-                    self.kw = kw
-                def decide(self, step, now=None):
-                    due = [lv for lv, (k, n) in self.kw["schedule"].items() if k == "steps" and (step + 1) % n == 0]
-                    return due[-1] if due else None
-                def record_checkpoint(self, *a, **k): pass
-                def start(self, *a, **k): pass
-                def should_exit(self, *a, **k): return False
+        from .policy import Policy
         cfg = self.config
-        schedule = cfg.schedule or {cfg.level: ("steps", 10)}
-        levels = tuple(lv for lv in LEVELS if lv in set(schedule) | {cfg.level})
-        return Policy(kind=cfg.policy, mtbf=cfg.mtbf, level_mtbf=cfg.level_mtbf, schedule=schedule,
-                      levels=levels, end_time=cfg.end_time, exit_safety=cfg.exit_safety)
+        named = set(cfg.schedule or {}) | set(cfg.level_mtbf or {}) | {cfg.level}
+        return Policy(kind=cfg.policy, mtbf=cfg.mtbf, level_mtbf=cfg.level_mtbf, schedule=cfg.schedule,
+                      levels=tuple(lv for lv in LEVELS if lv in named), end_time=cfg.end_time,
+                      exit_safety=cfg.exit_safety)
 
     # ------------------------------------------------------------------ context manager
     def __enter__(self):

@@ -19,7 +19,7 @@ from .errors import ConfigError
 from .units import parse_duration, parse_size
 
 LEVELS = ("local", "partner", "xor", "rs", "pfs")
-POLICIES = ("auto", "fixed", "young", "daly")
+POLICIES = ("auto", "fixed", "young", "daly", "multilevel")
 ENV_PREFIX = "HPCCKPT_"
 CACHE_PLACEHOLDERS = ("node", "user", "name")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -107,8 +107,8 @@ class Config:
             raise ConfigError(f"level {self.level!r} is not one of {', '.join(LEVELS)}")
         if self.policy not in POLICIES:
             raise ConfigError(f"policy {self.policy!r} is not one of {', '.join(POLICIES)}")
-        if not (0 < self.exit_safety < 100):
-            raise ConfigError(f"exit_safety must be in (0, 100), got {self.exit_safety}")
+        if not (1 <= self.exit_safety <= 100):
+            raise ConfigError(f"exit_safety must be between 1 and 100, got {self.exit_safety}")
         if not (4096 <= self.io_chunk <= 1 << 30):
             raise ConfigError(f"io_chunk must be between 4 KiB and 1 GiB, got {self.io_chunk}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -1,0 +1,142 @@
+"""Local-level checkpoint and restart bandwidth against the tmpfs write limit, on N ranks.
+
+    python benchmarks/bench_local.py [--ranks 4] [--sizes 64,256] [--reps 5] [--quick] [--out FILE]
+
+For each size (MiB per rank) one mpiexec job measures, with every rank working at once:
+  - limit_new:        each rank writes its buffer to a new file on the cache filesystem (os.write)
+  - limit_overwrite:  each rank overwrites an existing file of that size
+  - checkpoint:       Checkpointer.checkpoint(step, "local") (steady state: files reused)
+  - checkpoint_first: the first checkpoint (new files)
+  - no_integrity:     the same checkpoint with hashing switched off (to price integrity)
+  - restart:          Checkpointer.restart() (verify checksums, then read into the arrays)
+Time = slowest rank between two barriers; aggregate bandwidth = ranks x bytes / time; medians.
+FTI 1.6 on the same machine (../shared/ANCHORS.md): 466 MiB/s at 64 MiB per rank, 450 at 256.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import MiB, median, run_mpi, write_json  # noqa: E402
+
+FTI_L1 = {64: 466.0, 256: 450.0}   # MiB/s aggregate, 4 ranks
+
+
+def worker(a):
+    import numpy as np
+    from mpi4py import MPI
+    import hpcckpt
+    from hpcckpt import storage
+
+    comm = MPI.COMM_WORLD
+    nbytes = a.size * MiB
+    data = np.random.default_rng(comm.rank).integers(0, 2**63, nbytes // 8, dtype=np.int64)
+    root = os.path.join(a.dir, f"r{comm.rank}")
+    os.makedirs(root, exist_ok=True)
+
+    def timed(fn):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        t = time.perf_counter() - t0
+        return comm.allreduce(t, op=MPI.MAX)
+
+    def raw_write(path, flags):
+        def go():
+            fd = os.open(path, flags, 0o600)
+            view = memoryview(data).cast("B")
+            for s in range(0, nbytes, 1 << 20):
+                os.write(fd, view[s:s + (1 << 20)])
+            os.close(fd)
+        return go
+
+    res = {"limit_new": [], "limit_overwrite": [], "checkpoint": [], "checkpoint_first": [],
+           "no_integrity": [], "restart": []}
+    for _ in range(a.reps):
+        path = os.path.join(root, "raw.dat")
+        if os.path.exists(path):
+            os.unlink(path)
+        res["limit_new"].append(timed(raw_write(path, os.O_WRONLY | os.O_CREAT)))
+        res["limit_overwrite"].append(timed(raw_write(path, os.O_WRONLY)))
+        os.unlink(path)
+
+    cache = os.path.join(a.dir, "cache", "node{node}")
+    with hpcckpt.Checkpointer(comm, name="bench", cache_dir=cache, ranks_per_node=1) as ckpt:
+        ckpt.protect("data", data)
+        step = 0
+        res["checkpoint_first"].append(timed(lambda: ckpt.checkpoint(0, "local")))
+        for _ in range(a.reps + 2):          # the first two fill keep=2 and the spare
+            step += 1
+            res["checkpoint"].append(timed(lambda: ckpt.checkpoint(step, "local")))
+        res["checkpoint"] = res["checkpoint"][2:]
+        real_hasher = storage.new_hasher
+
+        class NoHash:
+            def update(self, b):
+                pass
+
+            def hexdigest(self):
+                return "0"
+        storage.new_hasher = NoHash
+        for _ in range(a.reps):
+            step += 1
+            res["no_integrity"].append(timed(lambda: ckpt.checkpoint(step, "local")))
+        storage.new_hasher = real_hasher
+        step += 1
+        ckpt.checkpoint(step, "local")  # a checkpoint with real checksums to restart from
+        for _ in range(a.reps):
+            res["restart"].append(timed(ckpt.restart))
+    if comm.rank == 0:
+        print("RESULT " + json.dumps(res))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--sizes", default="64,256", help="MiB per rank, comma-separated")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--dir", default="/dev/shm/hpcckpt-bench")
+    p.add_argument("--quick", action="store_true", help="16 MiB per rank, 3 repetitions")
+    p.add_argument("--out", default=None)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--size", type=int, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        return worker(a)
+    if a.quick:
+        a.sizes, a.reps = "16", 3
+    rows = []
+    for size in [int(s) for s in a.sizes.split(",")]:
+        shutil.rmtree(a.dir, ignore_errors=True)
+        try:
+            out = run_mpi(a.ranks, [os.path.abspath(__file__), "--worker", "--size", str(size), "--reps",
+                                    str(a.reps), "--dir", a.dir])
+        finally:
+            shutil.rmtree(a.dir, ignore_errors=True)
+        raw = json.loads(next(ln[7:] for ln in out.splitlines() if ln.startswith("RESULT ")))
+        total = a.ranks * size * MiB
+        row = {"ranks": a.ranks, "mib_per_rank": size, "seconds": {k: median(v) for k, v in raw.items()},
+               "samples": raw}
+        row["mib_s"] = {k: total / MiB / t for k, t in row["seconds"].items()}
+        row["checkpoint_fraction_of_limit_overwrite"] = row["mib_s"]["checkpoint"] / row["mib_s"]["limit_overwrite"]
+        row["checkpoint_fraction_of_limit_new"] = row["mib_s"]["checkpoint"] / row["mib_s"]["limit_new"]
+        row["integrity_share"] = 1 - row["seconds"]["no_integrity"] / row["seconds"]["checkpoint"]
+        if size in FTI_L1 and a.ranks == 4:
+            row["fti_mib_s"] = FTI_L1[size]
+            row["speedup_vs_fti"] = row["mib_s"]["checkpoint"] / FTI_L1[size]
+        rows.append(row)
+        m = row["mib_s"]
+        print(f"{a.ranks} ranks x {size} MiB: checkpoint {m['checkpoint']:.0f} MiB/s (first {m['checkpoint_first']:.0f}), "
+              f"restart {m['restart']:.0f} MiB/s; tmpfs limit new {m['limit_new']:.0f} / overwrite "
+              f"{m['limit_overwrite']:.0f} MiB/s; checkpoint = {row['checkpoint_fraction_of_limit_overwrite']:.0%} of "
+              f"the overwrite limit; integrity {row['integrity_share']:.1%} of the checkpoint time"
+              + (f"; {row['speedup_vs_fti']:.1f}x FTI" if "speedup_vs_fti" in row else ""), flush=True)
+    path = write_json("local", {"rows": rows, "command": " ".join(sys.argv)}, a.out)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

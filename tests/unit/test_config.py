@@ -1,0 +1,125 @@
+"""Config: layering, typed environment values, unknown keys, validation."""
+import os
+
+import pytest
+
+from hpcckpt import Config, ConfigError
+from hpcckpt.config import expand_cache_dir
+from hpcckpt.units import parse_duration, parse_size
+
+
+def test_defaults():
+    cfg = Config.load(environ={})
+    assert cfg.keep == 2 and cfg.ranks_per_node == "auto" and cfg.level == "local"
+    assert cfg.cache_dir == "/dev/shm/hpcckpt-{user}/node{node}"
+
+
+def test_cache_dir_default_follows_slurm_tmpdir_then_tmpdir():
+    assert Config.load(environ={"TMPDIR": "/scratch"}).cache_dir.startswith("/scratch/")
+    assert Config.load(environ={"TMPDIR": "/t", "SLURM_TMPDIR": "/s"}).cache_dir.startswith("/s/")
+
+
+def test_precedence_defaults_file_env_kwargs(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('name = "fromfile"\nkeep = 3\ngroup_size = 6\nschedule = { local = 4, pfs = "1h" }\n')
+    env = {"HPCCKPT_KEEP": "5", "HPCCKPT_GROUP_SIZE": "8"}
+    cfg = Config.load(str(f), environ=env, group_size=3)
+    assert cfg.name == "fromfile"          # file beats default
+    assert cfg.keep == 5                    # environment beats file
+    assert cfg.group_size == 3              # keyword beats environment
+    assert cfg.schedule == {"local": ("steps", 4), "pfs": ("seconds", 3600.0)}
+
+
+def test_environment_values_are_typed():
+    env = {"HPCCKPT_REUSE_FILES": "false", "HPCCKPT_RANKS_PER_NODE": "2", "HPCCKPT_MTBF": "1d",
+           "HPCCKPT_SCHEDULE": "local=10, partner=2h", "HPCCKPT_LEVEL_MTBF": '{ local = "1h" }',
+           "HPCCKPT_FILE_MODE": "0640", "HPCCKPT_IO_CHUNK": "4MiB", "HPCCKPT_EXIT_SAFETY": "1.5"}
+    cfg = Config.load(environ=env)
+    assert cfg.reuse_files is False and cfg.ranks_per_node == 2 and cfg.mtbf == 86400.0
+    assert cfg.schedule == {"local": ("steps", 10), "partner": ("seconds", 7200.0)}
+    assert cfg.level_mtbf == {"local": 3600.0}
+    assert cfg.file_mode == 0o640 and cfg.io_chunk == 4 << 20 and cfg.exit_safety == 1.5
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"HPCCKPT_KEEP": "two"}, "HPCCKPT_KEEP: expected an integer"),
+    ({"HPCCKPT_REUSE_FILES": "maybe"}, "expected true or false"),
+    ({"HPCCKPT_NOPE": "1"}, "HPCCKPT_NOPE"),
+    ({"HPCCKPT_SCHEDULE": "local"}, "expected 'level=value"),
+])
+def test_bad_environment_values(env, needle):
+    with pytest.raises(ConfigError, match=needle):
+        Config.load(environ=env)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"kepp": 3}, "unknown config key.*kepp"),
+    ({"keep": 0}, "keep must be at least 1"),
+    ({"keep": "2"}, "keep must be an integer"),
+    ({"keep": True}, "keep must be an integer"),
+    ({"name": "../evil"}, "name"),
+    ({"name": "a/b"}, "name"),
+    ({"cache_dir": "/x/{rank}"}, "unknown placeholder"),
+    ({"ranks_per_node": 0}, "ranks_per_node"),
+    ({"ranks_per_node": "two"}, "ranks_per_node"),
+    ({"level": "tape"}, "level 'tape'"),
+    ({"policy": "often"}, "policy"),
+    ({"schedule": {"disk": 3}}, "not a level"),
+    ({"schedule": {"local": 0}}, "N >= 1"),
+    ({"schedule": {"local": "soon"}}, "duration"),
+    ({"rs_parity": 4, "group_size": 4}, "smaller than group_size"),
+    ({"mtbf": "-1h"}, "mtbf"),
+    ({"io_chunk": 10}, "io_chunk"),
+    ({"file_mode": "rwx"}, "octal"),
+])
+def test_bad_values_are_config_errors(kwargs, needle):
+    with pytest.raises(ConfigError, match=needle):
+        Config.load(environ={}, **kwargs)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        Config.load(str(tmp_path / "missing.toml"), environ={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("keep = = 2")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        Config.load(str(bad), environ={})
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("kep = 2")
+    with pytest.raises(ConfigError, match="unknown config key.*kep"):
+        Config.load(str(unknown), environ={})
+    with pytest.raises(ConfigError, match="config must be"):
+        Config.load(42, environ={})
+
+
+def test_config_object_and_replace():
+    cfg = Config.load(environ={}, keep=3)
+    assert Config.load(cfg, environ={}).keep == 3
+    assert cfg.replace(keep=4).keep == 4
+    with pytest.raises(ConfigError):
+        cfg.replace(keep=-1)
+
+
+def test_expand_cache_dir():
+    cfg = Config.load(environ={}, cache_dir="/dev/shm/x/{name}/n{node}", name="job")
+    assert expand_cache_dir(cfg, 3) == "/dev/shm/x/job/n3"
+
+
+@pytest.mark.parametrize("text,seconds", [
+    (90, 90.0), ("90", 90.0), ("30min", 1800.0), ("24h", 86400.0), ("1h30m", 5400.0), ("2d", 172800.0),
+    ("1.5h", 5400.0), ("01:00:00", 3600.0), ("1-00:00:00", 86400.0), ("10:30", 630.0), ("500ms", 0.5),
+])
+def test_durations(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "soon", "5 parsecs", "-3", True, None, "1:2:3:4"])
+def test_bad_durations(text):
+    with pytest.raises(ConfigError):
+        parse_duration(text)
+
+
+def test_sizes():
+    assert parse_size("64MiB") == 64 << 20 and parse_size("2GB") == 2 * 10**9 and parse_size(4096) == 4096
+    with pytest.raises(ConfigError):
+        parse_size("lots")

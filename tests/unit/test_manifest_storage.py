@@ -1,0 +1,142 @@
+"""Manifests and storage, in one process: round trips, strict validation, damage detection."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from hpcckpt import CorruptCheckpointError, IncompatibleCheckpointError, ProtectError
+from hpcckpt import manifest as mf, storage
+
+
+def make_manifest(**changes):
+    doc = {"format": "hpcckpt-rank", "version": 1, "name": "job", "world_size": 4, "rank": 1, "node": 0,
+           "step": 9, "level": "local", "ckpt_id": "ab" * 16, "created": 1.5e9, "checksum_algorithm": "xxh3_64",
+           "data_file": "rank_000001.dat", "data_size": 1064,
+           "arrays": [{"name": "u", "dtype": "<f8", "shape": [100], "offset": 0, "nbytes": 800,
+                       "checksum": "0123456789abcdef"},
+                      {"name": "it", "dtype": "<i8", "shape": [], "offset": 832, "nbytes": 8,
+                       "checksum": "00000000000000ff", "global_shape": [], "global_offset": []}]}
+    doc.update(changes)
+    return doc
+
+
+def test_valid_manifest_round_trips():
+    m = mf.parse(make_manifest(), "m")
+    assert m.step == 9 and m.array("u").shape == (100,) and m.array("it").global_shape == ()
+    assert mf.parse(json.loads(json.dumps(m.to_json())), "again") == m
+
+
+@pytest.mark.parametrize("changes,needle", [
+    ({"format": "pickle"}, "format"),
+    ({"version": "1"}, "version"),
+    ({"world_size": 0}, "world size"),
+    ({"rank": 7}, "does not fit"),
+    ({"step": -1}, "step"),
+    ({"step": True}, "step"),
+    ({"data_file": "../../etc/passwd"}, "data_file"),
+    ({"data_size": 10}, "past the data size"),
+    ({"checksum_algorithm": "md5"}, "checksum algorithm"),
+    ({"arrays": "many"}, "arrays must be a list"),
+    ({"arrays": [{"name": "../x", "dtype": "<f8", "shape": [1], "offset": 0, "nbytes": 8, "checksum": "aa"}]}, "array name"),
+    ({"arrays": [{"name": "x", "dtype": "|O", "shape": [1], "offset": 0, "nbytes": 8, "checksum": "aa"}]}, "dtype"),
+    ({"arrays": [{"name": "x", "dtype": "<f8", "shape": [2**40, 2**40], "offset": 0, "nbytes": 8, "checksum": "aa"}]}, "absurdly"),
+    ({"arrays": [{"name": "x", "dtype": "<f8", "shape": [3], "offset": 0, "nbytes": 8, "checksum": "aa"}]}, "nbytes"),
+    ({"arrays": [{"name": "x", "dtype": "<f8", "shape": [1], "offset": 0, "nbytes": 8, "checksum": "zz"}]}, "checksum"),
+    ({"arrays": [{"name": "x", "dtype": "<f8", "shape": [1], "offset": 0, "nbytes": 8, "checksum": "aa"},
+                 {"name": "x", "dtype": "<f8", "shape": [1], "offset": 64, "nbytes": 8, "checksum": "aa"}]}, "twice"),
+    ({"arrays": [{"name": "x", "dtype": "<f8", "shape": [2], "offset": 0, "nbytes": 16, "checksum": "aa",
+                  "global_shape": [1], "global_offset": [0]}]}, "does not fit"),
+])
+def test_hostile_manifests_are_refused(changes, needle):
+    with pytest.raises(CorruptCheckpointError, match=needle):
+        mf.parse(make_manifest(**changes), "m")
+
+
+def test_newer_format_is_incompatible():
+    with pytest.raises(IncompatibleCheckpointError, match="newer"):
+        mf.parse(make_manifest(version=99), "m")
+
+
+def test_read_json_refuses_huge_symlinked_and_garbage(tmp_path):
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * 200)
+    with pytest.raises(CorruptCheckpointError, match="larger than"):
+        storage.read_json(str(big), max_bytes=100)
+    garbage = tmp_path / "g.json"
+    garbage.write_bytes(b"\xff\xfe{")
+    with pytest.raises(CorruptCheckpointError, match="not valid JSON"):
+        storage.read_json(str(garbage))
+    link = tmp_path / "link.json"
+    os.symlink("/etc/hostname", link)
+    with pytest.raises(CorruptCheckpointError, match="symbolic link"):
+        storage.read_json(str(link))
+
+
+def test_safe_join_refuses_escapes(tmp_path):
+    assert storage.safe_join(str(tmp_path), "a", "b").endswith("a/b")
+    for bad in ("..", "/etc", "a/../..", "", "x\0y"):
+        with pytest.raises(CorruptCheckpointError):
+            storage.safe_join(str(tmp_path), bad)
+
+
+def test_array_name_and_dtype_checks():
+    mf.check_array_name("u_1.v-2")
+    for bad in ("", "1abc", "a/b", "../x", "x" * 200, 3):
+        with pytest.raises(ProtectError):
+            mf.check_array_name(bad)
+    with pytest.raises(ProtectError):
+        mf.check_dtype(np.dtype(object))
+    with pytest.raises(ProtectError):
+        mf.check_dtype(np.dtype([("a", "<f8")]))
+
+
+@pytest.mark.parametrize("chunk", [4096, 1 << 20])
+def test_write_verify_read_round_trip(tmp_path, chunk):
+    rng = np.random.default_rng(1)
+    arrays = [("a", rng.random(12345)), ("b", np.arange(7, dtype=np.int16).reshape(7, 1)),
+              ("c", np.zeros((), np.complex128) + 1j), ("d", np.zeros(0, np.uint8))]
+    path = str(tmp_path / "f.dat")
+    entries, size = storage.write_arrays(path, arrays, chunk)
+    assert os.path.getsize(path) == size
+    assert all(off % 64 == 0 for _, off, _, _ in entries)
+    buf = np.empty(4096, np.uint8)
+    storage.verify_file(path, size, entries, buf)
+    out = [np.empty_like(a) for _, a in arrays]
+    storage.read_into(path, size, [(o, e[1]) for o, e in zip(out, entries)], chunk)
+    for (_, a), o in zip(arrays, out):
+        assert a.tobytes() == o.tobytes()
+
+
+def test_reused_larger_file_is_truncated_and_identical(tmp_path):
+    spare = str(tmp_path / "spare.dat")
+    storage.write_arrays(spare, [("x", np.ones(100000))], 4096)
+    path = str(tmp_path / "new.dat")
+    small = np.arange(1000, dtype=np.float64)
+    entries, size = storage.write_arrays(path, [("x", small)], 4096, reuse=spare)
+    assert not os.path.exists(spare) and os.path.getsize(path) == size == small.nbytes
+    storage.verify_file(path, size, entries, np.empty(4096, np.uint8))
+
+
+def test_damage_is_detected(tmp_path):
+    path = str(tmp_path / "f.dat")
+    entries, size = storage.write_arrays(path, [("a", np.arange(50000.0))], 8192)
+    buf = np.empty(8192, np.uint8)
+    with open(path, "r+b") as f:
+        f.seek(123457)
+        f.write(b"\x01")
+    with pytest.raises(CorruptCheckpointError, match="fails its checksum"):
+        storage.verify_file(path, size, entries, buf)
+    os.truncate(path, size - 1)
+    with pytest.raises(CorruptCheckpointError, match="truncated"):
+        storage.verify_file(path, size, entries, buf)
+    os.unlink(path)
+    with pytest.raises(CorruptCheckpointError, match="missing"):
+        storage.verify_file(path, size, entries, buf)
+
+
+def test_atomic_write_leaves_no_temp(tmp_path):
+    path = str(tmp_path / "m.json")
+    storage.atomic_write_json(path, {"a": 1})
+    storage.atomic_write_json(path, {"a": 2})
+    assert json.load(open(path)) == {"a": 2} and os.listdir(tmp_path) == ["m.json"]
