@@ -64,7 +64,7 @@ def worker(a):
         os.unlink(path)
 
     cache = os.path.join(a.dir, "cache", "node{node}")
-    with hpcckpt.Checkpointer(comm, name="bench", cache_dir=cache, ranks_per_node=1) as ckpt:
+    with hpcckpt.Checkpointer(comm, name="bench", cache_dir=cache, ranks_per_node=1, io_chunk=a.io_chunk) as ckpt:
         ckpt.protect("data", data)
         step = 0
         res["checkpoint_first"].append(timed(lambda: ckpt.checkpoint(0, "local")))
@@ -101,6 +101,7 @@ def main():
     p.add_argument("--dir", default="/dev/shm/hpcckpt-bench")
     p.add_argument("--quick", action="store_true", help="16 MiB per rank, 3 repetitions")
     p.add_argument("--out", default=None)
+    p.add_argument("--io-chunk", default="1MiB", help="Checkpointer io_chunk (default 1MiB)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--size", type=int, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -113,12 +114,12 @@ def main():
         shutil.rmtree(a.dir, ignore_errors=True)
         try:
             out = run_mpi(a.ranks, [os.path.abspath(__file__), "--worker", "--size", str(size), "--reps",
-                                    str(a.reps), "--dir", a.dir])
+                                    str(a.reps), "--dir", a.dir, "--io-chunk", a.io_chunk])
         finally:
             shutil.rmtree(a.dir, ignore_errors=True)
         raw = json.loads(next(ln[7:] for ln in out.splitlines() if ln.startswith("RESULT ")))
         total = a.ranks * size * MiB
-        row = {"ranks": a.ranks, "mib_per_rank": size, "seconds": {k: median(v) for k, v in raw.items()},
+        row = {"ranks": a.ranks, "mib_per_rank": size, "io_chunk": a.io_chunk, "seconds": {k: median(v) for k, v in raw.items()},
                "samples": raw}
         row["mib_s"] = {k: total / MiB / t for k, t in row["seconds"].items()}
         row["checkpoint_fraction_of_limit_overwrite"] = row["mib_s"]["checkpoint"] / row["mib_s"]["limit_overwrite"]
