@@ -29,11 +29,14 @@ from .comm import Collective, agree
 from .config import LEVELS, Config
 from .errors import (CheckpointWriteError, HpcCkptError, IncompatibleCheckpointError, MismatchError,
                      ProtectError)
+from .levels.encoded import EncodedLevel
 from .levels.local import LocalCache
-from .topology import Topology
+from .levels.partner import PartnerLevel
+from .topology import Topology, survivability_warnings
 
 log = logging.getLogger("hpcckpt")
-AVAILABLE_LEVELS = ("local",)
+AVAILABLE_LEVELS = ("local", "partner", "xor", "rs")
+REDUNDANT_LEVELS = ("partner", "xor", "rs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,22 +72,33 @@ class Checkpointer:
         self._arrays = {}
         self._last_step = None
         self._due = None
+        self._levels = {}
+        self._warned = False
         with Collective(comm, "Checkpointer configuration"):
             self.config = Config.load(config, **overrides)
             self.policy = self._make_policy()
         _setup_logging(self.config, comm.rank)
         self.topology = Topology.build(comm, self.config.ranks_per_node)
         self.cache = LocalCache(self.config, self.topology)
-        with Collective(comm, "creating the cache directory") as c:
+        with Collective(comm, "creating the cache directory"):
             self.cache.prepare()
+        if set(self.policy_levels) & set(REDUNDANT_LEVELS):
+            self._warn_survivability()
 
     def _make_policy(self):
         from .policy import Policy
         cfg = self.config
         named = set(cfg.schedule or {}) | set(cfg.level_mtbf or {}) | {cfg.level}
+        self.policy_levels = tuple(lv for lv in LEVELS if lv in named)
         return Policy(kind=cfg.policy, mtbf=cfg.mtbf, level_mtbf=cfg.level_mtbf, schedule=cfg.schedule,
-                      levels=tuple(lv for lv in LEVELS if lv in named), end_time=cfg.end_time,
-                      exit_safety=cfg.exit_safety)
+                      levels=self.policy_levels, end_time=cfg.end_time, exit_safety=cfg.exit_safety)
+
+    def _warn_survivability(self):
+        """Rank 0, once: say what the redundancy levels cannot survive with this placement."""
+        if not self._warned and self.comm.rank == 0:
+            for text in survivability_warnings(self.topology.node_of, self.config.group_size, self.config.rs_parity):
+                log.warning("%s", text)
+        self._warned = True
 
     # ------------------------------------------------------------------ context manager
     def __enter__(self):
@@ -149,15 +163,18 @@ class Checkpointer:
     def need_checkpoint(self, step):
         """Collective: the level due at ``step`` (decided on rank 0, the same on every rank), or None."""
         self._check_open()
-        level = self.policy.decide(step) if self.comm.rank == 0 else None
-        level = self.comm.bcast(level, root=0)
+        with Collective(self.comm, f"need_checkpoint({step!r})") as c:
+            c.value = self.policy.decide(step) if self.comm.rank == 0 else None
+        level = c.values[0]
         self._due = (step, level)
         return level
 
     def should_exit(self):
         """Collective: True when the application should stop (wall-clock limit reached)."""
         self._check_open()
-        return bool(self.comm.bcast(self.policy.should_exit() if self.comm.rank == 0 else None, root=0))
+        with Collective(self.comm, "should_exit()") as c:
+            c.value = self.policy.should_exit() if self.comm.rank == 0 else None
+        return bool(c.values[0])
 
     # ------------------------------------------------------------------ save
     def checkpoint(self, step, level=None):
@@ -185,8 +202,8 @@ class Checkpointer:
         # 6. retire what the new checkpoint replaces (local; failures only warn)
         self._last_step = step
         self._retire(keep_upto=step)
-        if self.comm.rank == 0:
-            self.policy.record_checkpoint(level, seconds)
+        if self.comm.rank == 0 and level in self.policy_levels:
+            self.policy.record_checkpoint(level, seconds)   # rank 0 only: must not raise alone
         return info
 
     def _write_and_commit(self, step, level, ckpt_id, t0):
@@ -199,6 +216,11 @@ class Checkpointer:
                 faults.hit("written", self.comm.rank, step)
             except OSError as e:
                 raise CheckpointWriteError(f"cannot write {e.filename or self.cache.root}: {e.strerror}") from e
+        # 3b. redundancy across nodes: partner copies or parity (collective, errors agreed)
+        if level in REDUNDANT_LEVELS:
+            self._warn_survivability()
+            with Collective(self.comm, f"encoding checkpoint {step} ({level})"):
+                self._level(level).encode(step, manifest)
         # 4-5. commit: every rank writes its manifest; agree that every rank did
         with Collective(self.comm, f"committing checkpoint {step}") as c:
             faults.hit("commit", self.comm.rank, step)
@@ -258,39 +280,89 @@ class Checkpointer:
             if not self._arrays:
                 raise HpcCkptError("nothing to restore: protect() the arrays before restart()")
             found = self.cache.scan()
-            c.value = {s: (m.ckpt_id if isinstance(m, mf.RankManifest) else m) for s, m in found.items()}
+            c.value = {s: ((m.ckpt_id, m.level) if isinstance(m, mf.RankManifest) else m) for s, m in found.items()}
         candidates, problems = _candidates(c.values)
+        newest = max((s for s, _, _ in candidates), default=-1)
         newest_incompatible = max((s for s, (kind, _) in problems.items() if kind == "incompatible"), default=-1)
-        if newest_incompatible > max(candidates, default=-1):
+        if newest_incompatible > newest:
             raise IncompatibleCheckpointError(problems[newest_incompatible][1])
         for step, reason in sorted(problems.items(), reverse=True):
-            if step > max(candidates, default=-1) and self.comm.rank == 0:
+            if step > newest and self.comm.rank == 0:
                 log.warning("step %d cannot be restored: %s", step, reason[1])
 
-        for step in candidates:
-            manifest = found[step]
-            with Collective(self.comm, f"restart from step {step}") as c:
-                self._check_matches(manifest)
-                try:
-                    self.cache.verify(manifest)
-                except HpcCkptError as e:
-                    c.value = str(e)
-            damaged = [(r, v) for r, v in enumerate(c.values) if v]
-            if damaged:
+        for step, ckpt_id, level in candidates:
+            restored = self._restore_step(step, ckpt_id, level, found.get(step))
+            if restored:
+                self._last_step = step
+                self._retire(keep_upto=step)
                 if self.comm.rank == 0:
-                    log.warning("step %d cannot be restored (%s); falling back to an older checkpoint",
-                                step, "; ".join(f"rank {r}: {v}" for r, v in damaged[:4]))
-                continue
-            with Collective(self.comm, f"restoring step {step}"):
-                self.cache.read_into(manifest, {n: p.array for n, p in self._arrays.items()})
-            self._last_step = step
-            self._retire(keep_upto=step)
-            if self.comm.rank == 0:
-                log.info("restarted from step %d", step)
-            self.policy.start()
-            return step
+                    log.info("restarted from step %d (%s level)", step, level)
+                self.policy.start()
+                return step
         self.policy.start()
         return None
+
+    def _restore_step(self, step, ckpt_id, level, manifest):
+        """Collective: verify ``step`` on every rank, rebuild lost ranks from redundancy when the
+        level has it, then fill the arrays. False (arrays untouched) when it cannot be restored."""
+        manifest = manifest if isinstance(manifest, mf.RankManifest) else None
+        # 1. every rank re-hashes its own data (protected arrays are checked against the manifest)
+        with Collective(self.comm, f"restart from step {step}") as c:
+            c.value = self._verify_local(step, manifest)
+        problems = [(r, v) for r, v in enumerate(c.values) if v]
+        if problems:
+            # 2. rebuild what is lost from partner copies or parity
+            if level not in REDUNDANT_LEVELS:
+                self._warn_fallback(step, problems)
+                return False
+            data_ok = [v is None for v in c.values]
+            with Collective(self.comm, f"rebuilding step {step} from the {level} level") as c:
+                c.value = self._level(level).recover(step, ckpt_id, data_ok)
+            if not all(c.values):
+                self._warn_fallback(step, problems, f"the {level} level cannot rebuild it")
+                return False
+            with Collective(self.comm, f"restart from step {step} after the rebuild") as c:
+                manifest = self.cache.read_manifest(step, quiet=True)
+                c.value = self._verify_local(step, manifest)
+            again = [(r, v) for r, v in enumerate(c.values) if v]
+            if again:
+                self._warn_fallback(step, again, "the rebuilt data does not verify")
+                return False
+            if self.comm.rank == 0:
+                log.warning("step %d: rebuilt rank(s) %s from the %s level", step, [r for r, _ in problems], level)
+        # 3. fill the protected arrays in place
+        with Collective(self.comm, f"restoring step {step}"):
+            self.cache.read_into(manifest, {n: p.array for n, p in self._arrays.items()})
+        return True
+
+    def _verify_local(self, step, manifest):
+        """Local: None when this rank's part of ``step`` verifies, else the reason.
+        Raises MismatchError when the protected arrays differ from the checkpoint."""
+        if manifest is None:
+            manifest = self.cache.read_manifest(step, quiet=True)
+            if manifest is None:
+                return "no readable manifest"
+        self._check_matches(manifest)
+        try:
+            self.cache.verify(manifest)
+        except HpcCkptError as e:
+            return str(e)
+        return None
+
+    def _warn_fallback(self, step, problems, why=None):
+        if self.comm.rank == 0:
+            log.warning("step %d cannot be restored (%s%s); falling back to an older checkpoint", step,
+                        "; ".join(f"rank {r}: {v}" for r, v in problems[:4]), f"; {why}" if why else "")
+
+    def _level(self, level):
+        """The redundancy level object (created on first use; creation may be collective)."""
+        if level not in self._levels:
+            if level == "partner":
+                self._levels[level] = PartnerLevel(self.cache, self.comm, self.topology)
+            else:
+                parity = 1 if level == "xor" else self.config.rs_parity
+                self._levels[level] = EncodedLevel(self.cache, self.comm, self.topology, level, parity)
+        return self._levels[level]
 
     def _check_matches(self, manifest):
         """Raise MismatchError unless the protected arrays match ``manifest`` exactly."""
@@ -317,24 +389,24 @@ class Checkpointer:
 
 
 def _candidates(per_rank):
-    """Steps every rank committed with the same id (newest first), and {step: (kind, reason)}."""
-    size = len(per_rank)
+    """Newest first: (step, ckpt_id, level) for steps some rank committed, every manifest of them
+    naming the same checkpoint; and {step: (kind, reason)} for steps that cannot be candidates."""
     steps = set().union(*[set(d) for d in per_rank])
     candidates, problems = [], {}
     for step in steps:
         values = [d.get(step) for d in per_rank]
-        bad = [(r, v) for r, v in enumerate(values) if isinstance(v, tuple)]
-        if bad:
-            kind = "incompatible" if any(v[0] == "incompatible" for _, v in bad) else "damaged"
-            r, v = next((r, v) for r, v in bad if v[0] == kind)
-            problems[step] = (kind, f"rank {r}: {v[1]}")
-        elif any(v is None for v in values):
-            missing = [r for r, v in enumerate(values) if v is None]
-            problems[step] = ("missing", f"not committed on rank(s) {missing[:8]} of {size}")
-        elif len(set(values)) > 1:
+        incompatible = [(r, v) for r, v in enumerate(values) if v is not None and v[0] == "incompatible"]
+        good = {v for v in values if v is not None and v[0] not in ("incompatible", "damaged")}
+        if incompatible:
+            r, v = incompatible[0]
+            problems[step] = ("incompatible", f"rank {r}: {v[1]}")
+        elif len(good) > 1:
             problems[step] = ("mixed", "ranks hold pieces of different runs")
+        elif not good:
+            problems[step] = ("damaged", "no rank has a readable manifest")
         else:
-            candidates.append(step)
+            (ckpt_id, level), = good
+            candidates.append((step, ckpt_id, level))
     return sorted(candidates, reverse=True), problems
 
 

@@ -38,3 +38,87 @@ class Topology:
         else:
             node_of = tuple(r // int(ranks_per_node) for r in range(comm.size))
         return cls(comm.rank, comm.size, node_of)
+
+
+def interleaved_order(node_of):
+    """Ranks sorted by (index within their node, node): neighbours sit on different nodes."""
+    seen = {}
+    local = []
+    for r, n in enumerate(node_of):
+        local.append(seen.get(n, 0))
+        seen[n] = local[-1] + 1
+    return sorted(range(len(node_of)), key=lambda r: (local[r], node_of[r]))
+
+
+def partner_holders(node_of):
+    """holder[r]: the rank that keeps rank r's partner copy, on another node (None: one node only).
+
+    Each rank's holder is the next rank in the interleaved order that lives on another node, so
+    with equal ranks per node every rank holds exactly one copy. Local, pure.
+    """
+    order = interleaved_order(node_of)
+    size = len(order)
+    holder = [None] * size
+    for i, r in enumerate(order):
+        for j in range(1, size):
+            q = order[(i + j) % size]
+            if node_of[q] != node_of[r]:
+                holder[r] = q
+                break
+    return holder
+
+
+def encoding_groups(node_of, group_size):
+    """Groups of ranks on distinct nodes for the XOR / Reed-Solomon levels. Local, pure.
+
+    Ranks with the same index within their node form a band (one rank per node); each band is cut
+    into groups of ``group_size``; a last piece too small to protect itself (one rank) joins the
+    previous group of its band, or else any group without a rank on its node. A rank that fits
+    nowhere stays alone (unprotected; the Checkpointer warns). Any rank count works.
+    """
+    seen, local = {}, []
+    for r, n in enumerate(node_of):
+        local.append(seen.get(n, 0))
+        seen[n] = local[-1] + 1
+    bands = {}
+    for r in sorted(range(len(node_of)), key=lambda r: (local[r], node_of[r])):
+        bands.setdefault(local[r], []).append(r)
+    groups, loners = [], []
+    for band in (bands[k] for k in sorted(bands)):
+        pieces = [band[i:i + group_size] for i in range(0, len(band), group_size)]
+        if len(pieces) > 1 and len(pieces[-1]) == 1:
+            pieces[-2].extend(pieces.pop())
+        for piece in pieces:
+            (groups if len(piece) > 1 else loners).append(piece)
+    for (r,) in loners:
+        home = next((g for g in groups if node_of[r] not in {node_of[q] for q in g}), None)
+        if home is not None:
+            home.append(r)
+        else:
+            groups.append([r])
+    return [sorted(g) for g in groups]
+
+
+def survivability_warnings(node_of, group_size, rs_parity):
+    """Plain-language warnings about what the redundancy levels cannot survive here. Local, pure."""
+    warnings = []
+    nnodes = max(node_of) + 1
+    if nnodes == 1:
+        warnings.append("all ranks are on one node: the partner, xor and rs levels cannot survive the loss of "
+                        "that node (set ranks_per_node, or run on several nodes)")
+        return warnings
+    holders = partner_holders(node_of)
+    for group in encoding_groups(node_of, group_size):
+        if len(group) == 1:
+            warnings.append(f"rank {group[0]} has no rank on another node to share an xor/rs group with: "
+                            "those levels cannot protect it against losing its node")
+        elif len(group) <= rs_parity:
+            warnings.append(f"the group {group} has {len(group)} ranks: rs can use only {len(group) - 1} parity "
+                            f"block(s) there instead of rs_parity={rs_parity}")
+    loads = {}
+    for r, h in enumerate(holders):
+        loads[h] = loads.get(h, 0) + 1
+    worst = max(loads.values())
+    if worst > 1:
+        warnings.append(f"uneven nodes: a rank holds up to {worst} partner copies")
+    return warnings

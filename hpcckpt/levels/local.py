@@ -35,6 +35,10 @@ class LocalCache:
     def manifest_path(self, step):
         return os.path.join(self.step_dir(step), mf.manifest_file_name(self.rank))
 
+    def held_dir(self, step):
+        """Where this rank keeps redundancy for others (partner copies, parity) for ``step``."""
+        return os.path.join(self.step_dir(step), f"held_{self.rank:06d}")
+
     @property
     def spare_path(self):
         return os.path.join(self.root, "spare", mf.data_file_name(self.rank))
@@ -108,6 +112,20 @@ class LocalCache:
                 found[step] = ("damaged", str(e))
         return found
 
+    def read_manifest(self, step, quiet=False):
+        """This rank's manifest of ``step`` (validated); None if missing/unreadable and ``quiet``."""
+        path = self.manifest_path(step)
+        try:
+            m = mf.parse(storage.read_json(path), path)
+            if m.step != step or m.rank != self.rank or m.name != self.cfg.name or m.world_size != self.world_size:
+                raise CorruptCheckpointError(f"{path}: does not describe step {step} of rank {self.rank}")
+            return m
+        except (CorruptCheckpointError, IncompatibleCheckpointError, OSError) as e:
+            if quiet:
+                log.debug("rank %d: step %d: %s", self.rank, step, e)
+                return None
+            raise
+
     def _read_buffer(self):
         if self._buffer is None:
             self._buffer = np.empty(self.cfg.io_chunk, np.uint8)
@@ -138,17 +156,17 @@ class LocalCache:
             storage.makedirs(os.path.dirname(self.spare_path), self.cfg.dir_mode)
             os.replace(data, self.spare_path)
         faults.hit("retire", self.rank, step)
-        self._remove_rank_files(self.step_dir(step))
-
-    def _remove_rank_files(self, directory):
+        held = self.held_dir(step)
+        if os.path.isdir(held) and not os.path.islink(held):
+            for name in os.listdir(held):
+                storage.remove_file(os.path.join(held, name))
+            storage.remove_dir_if_empty(held)
         prefix = f"rank_{self.rank:06d}."
         try:
-            entries = list(os.scandir(directory))
+            names = os.listdir(self.step_dir(step))
         except FileNotFoundError:
             return
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                self._remove_rank_files(entry.path)
-            elif entry.name.startswith(prefix):
-                storage.remove_file(entry.path)
-        storage.remove_dir_if_empty(directory)
+        for name in names:
+            if name.startswith(prefix):
+                storage.remove_file(os.path.join(self.step_dir(step), name))
+        storage.remove_dir_if_empty(self.step_dir(step))

@@ -1,0 +1,327 @@
+"""The encoded levels: XOR (one parity) and Reed-Solomon (m parities) across groups of nodes.
+
+A group has k ranks on k distinct nodes and m parity symbols per stripe (xor: m = 1). Each rank's
+data file, zero-padded to the group's largest, is cut into k - m pieces. There are k stripes;
+stripe s holds k symbols, one on each rank: the rank at group position (s + p) mod k keeps
+symbol p, which is parity p when p < m and data piece p - m of that rank otherwise. So every rank
+stores its own data plus m pieces of parity (m / (k - m) of its data), and losing any m ranks of
+a group erases at most m symbols per stripe: recoverable (SCR's XOR layout, generalised to a
+systematic Cauchy Reed-Solomon code over GF(2^8); with m = 1 the code is plain XOR).
+
+Files: ``step_<S>/held_<R>/parity.dat`` (m pieces) and ``encoded.json`` (the group, the code,
+every member's manifest, parity checksums). ``encode`` and ``recover`` are collective.
+"""
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import manifest as mf, storage
+from ..codecs import gf256
+from ..codecs.checksum import new_hasher
+from ..codecs.rs import gf_mul_xor_into, rs_parity_matrix
+from ..errors import HpcCkptError
+from ..topology import encoding_groups
+from .transfer import Deferred, read_range
+
+FORMAT = "hpcckpt-encoded"
+
+
+def code_matrix(kd, m):
+    """The parity coefficients (m x kd). Row 0 is all ones, so m = 1 is plain XOR."""
+    return rs_parity_matrix(kd, m)
+
+
+def stripe_symbol_owner(group_len, s, p):
+    """Group position of the rank keeping symbol p of stripe s."""
+    return (s + p) % group_len
+
+
+class EncodedLevel:
+    """The xor (parity=1) or rs (parity=rs_parity) level for this rank's group."""
+
+    def __init__(self, cache, comm, topology, name, parity):
+        self.cache, self.comm, self.name = cache, comm, name
+        self.parity = parity
+        self.groups = encoding_groups(topology.node_of, cache.cfg.group_size)
+        self.group = next(g for g in self.groups if comm.rank in g)
+        self._gcomm = None
+
+    def _paths(self, step):
+        held = self.cache.held_dir(step)
+        return os.path.join(held, "parity.dat"), os.path.join(held, "encoded.json")
+
+    def _group_comm(self):
+        if self._gcomm is None:
+            self._gcomm = self.comm.Split(self.groups.index(self.group), self.group.index(self.comm.rank))
+        return self._gcomm
+
+    def _segment(self):
+        return max(8, self.cache.cfg.io_chunk // 8 * 8)
+
+    # ------------------------------------------------------------------ encode
+    def encode(self, step, manifest):
+        """Collective: compute this group's parity and keep this rank's share of it."""
+        gcomm, group = self._group_comm(), self.group
+        k, pos = len(group), self.group.index(self.comm.rank)
+        m = min(self.parity, k - 1)
+        sizes = gcomm.allgather(manifest.data_size)
+        manifests = gcomm.allgather(manifest.to_json())
+        deferred = Deferred()
+        if m == 0:  # a group of one: nothing to encode (start-up warned)
+            self._write_info(deferred, step, manifest.ckpt_id, group, pos, m, 8, sizes, manifests, [])
+            deferred.raise_if_any()
+            return
+        kd = k - m
+        per_piece = -(-max(sizes) // kd)
+        piece = max(8, (per_piece + 7) // 8 * 8)
+        coef = code_matrix(kd, m)
+        seg = min(piece, self._segment())
+        send = np.zeros(k * m * seg, np.uint8)
+        recv = np.empty(m * seg, np.uint8)
+        data = np.empty(seg, np.uint8)
+        hashers = [new_hasher() for _ in range(m)]
+        parity_path, _ = self._paths(step)
+        fd_in = deferred.run(os.open, self.cache.data_path(step), os.O_RDONLY | os.O_NOFOLLOW)
+        deferred.run(storage.makedirs, self.cache.held_dir(step), self.cache.cfg.dir_mode)
+        fd_out = deferred.run(os.open, parity_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, self.cache.cfg.file_mode)
+        for off in range(0, piece, seg):
+            n = min(seg, piece - off)
+            sb = send[:k * m * n].reshape(k, m, n)
+            sb.fill(0)
+            for q in range(kd):               # my data piece q is data symbol q of stripe s
+                s = (pos - m - q) % k
+                if fd_in is not None:
+                    deferred.run(read_range, fd_in, data[:n], q * piece + off)
+                gf_mul_xor_into([sb[(s + j) % k, j] for j in range(m)], coef[:, q], data[:n])
+            rb = recv[:m * n].reshape(m, n)
+            gcomm.Reduce_scatter_block([sb.view(np.uint64), MPI.UINT64_T], [rb.view(np.uint64), MPI.UINT64_T],
+                                       op=MPI.BXOR)
+            for j in range(m):
+                hashers[j].update(rb[j])
+                if fd_out is not None:
+                    deferred.run(storage._pwrite_all, fd_out, rb[j], j * piece + off)
+        for fd in (fd_in, fd_out):
+            if fd is not None:
+                os.close(fd)
+        self._write_info(deferred, step, manifest.ckpt_id, group, pos, m, piece, sizes, manifests,
+                         [h.hexdigest() for h in hashers])
+        deferred.raise_if_any()
+
+    def _write_info(self, deferred, step, ckpt_id, group, pos, m, piece, sizes, manifests, checksums):
+        info = {"format": FORMAT, "version": 1, "level": self.name, "step": step, "ckpt_id": ckpt_id,
+                "group": group, "position": pos, "parity": m, "piece": piece, "sizes": sizes,
+                "manifests": manifests, "parity_checksums": checksums}
+        deferred.run(storage.makedirs, self.cache.held_dir(step), self.cache.cfg.dir_mode)
+        deferred.run(storage.atomic_write_json, self._paths(step)[1], info, self.cache.cfg.file_mode,
+                     self.cache.cfg.cache_fsync)
+
+    # ------------------------------------------------------------------ recover
+    def _load_info(self, step, ckpt_id):
+        """This rank's validated encoded.json for ``step`` and whether its parity verifies."""
+        parity_path, info_path = self._paths(step)
+        try:
+            info = storage.read_json(info_path)
+            info = _check_info(info, self.comm.rank, step, ckpt_id, self.comm.size, info_path)
+        except (HpcCkptError, OSError):
+            return None, False
+        try:
+            storage.verify_file(parity_path, info["parity"] * info["piece"] if info["parity"] else 0,
+                                [(f"parity {j}", j * info["piece"], info["piece"], c)
+                                 for j, c in enumerate(info["parity_checksums"])], self.cache._read_buffer())
+            return info, True
+        except (HpcCkptError, OSError):
+            return info, False
+
+    def recover(self, step, ckpt_id, data_ok):
+        """Collective: rebuild lost data (and lost parity) of every group; True when done.
+
+        False on every rank when some group lost more symbols in a stripe than it has parity.
+        """
+        me = self.comm.rank
+        info, parity_ok = self._load_info(step, ckpt_id)
+        summary = None if info is None else {k: info[k] for k in ("group", "parity", "piece", "sizes", "manifests")}
+        views = self.comm.allgather((summary, parity_ok))
+        plan = _plan(views, data_ok)
+        if plan is None:
+            return False
+        group_index = next((i for i, g in enumerate(plan) if me in g["group"]), None)
+        color = group_index if group_index is not None and plan[group_index]["losses"] else MPI.UNDEFINED
+        gcomm = self.comm.Split(color, 0 if color == MPI.UNDEFINED else plan[group_index]["group"].index(me))
+        deferred = Deferred()
+        try:
+            if gcomm != MPI.COMM_NULL:
+                self._rebuild_group(gcomm, step, ckpt_id, plan[group_index], data_ok, views, deferred)
+        finally:
+            if gcomm != MPI.COMM_NULL:
+                gcomm.Free()
+        deferred.raise_if_any()
+        return True
+
+    def _rebuild_group(self, gcomm, step, ckpt_id, g, data_ok, views, deferred):
+        me = self.comm.rank
+        group, m, piece, sizes = g["group"], g["parity"], g["piece"], g["sizes"]
+        k, pos = len(group), group.index(me)
+        kd = k - m
+        lost_data = [not data_ok[r] for r in group]
+        lost_parity = [not views[r][1] for r in group]
+        gen = np.concatenate([np.eye(kd, dtype=np.uint8), code_matrix(kd, m)])  # code index -> row
+
+        def code_index(p):
+            return kd + p if p < m else p - m
+
+        def lost(s, p):
+            owner = stripe_symbol_owner(k, s, p)
+            return lost_parity[owner] if p < m else lost_data[owner]
+
+        # For every stripe: the lost symbols, the symbols used, and the reconstruction matrix.
+        stripes = []
+        for s in range(k):
+            gone = [p for p in range(k) if lost(s, p)]
+            if not gone:
+                stripes.append(None)
+                continue
+            used = sorted((p for p in range(k) if not lost(s, p)), key=code_index)[:kd]
+            inv = gf256.gf_matinv(gen[[code_index(p) for p in used]])
+            coeffs = gf256.gf_matmul(gen[[code_index(p) for p in gone]], inv)
+            stripes.append((gone, used, coeffs))
+        # Reduce-scatter slots: for each destination position, its lost symbols by stripe.
+        slots = {d: [(s, (d - s) % k) for s in range(k) if stripes[s] and (d - s) % k in stripes[s][0]]
+                 for d in range(k)}
+        counts = [len(slots[d]) for d in range(k)]
+        seg = min(piece, self._segment())
+        send = np.zeros(sum(counts) * seg, np.uint8)
+        recv = np.empty(max(1, counts[pos]) * seg, np.uint8)
+        sym = np.empty(seg, np.uint8)
+        parity_path, _ = self._paths(step)
+        deferred.run(storage.makedirs, self.cache.held_dir(step), self.cache.cfg.dir_mode)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
+        fd_data = deferred.run(os.open, self.cache.data_path(step), flags, self.cache.cfg.file_mode)
+        fd_parity = deferred.run(os.open, parity_path, flags, self.cache.cfg.file_mode)
+        hashers = [new_hasher() for _ in range(m)]
+        for off in range(0, piece, seg):
+            n = min(seg, piece - off)
+            sb = send[:sum(counts) * n].reshape(-1, n) if sum(counts) else send[:0].reshape(0, n)
+            sb.fill(0)
+            row = 0
+            for d in range(k):
+                for s, p_lost in slots[d]:
+                    gone, used, coeffs = stripes[s]
+                    p_mine = (pos - s) % k
+                    if p_mine in used:
+                        fd = fd_parity if p_mine < m else fd_data
+                        where = (p_mine if p_mine < m else p_mine - m) * piece + off
+                        if fd is not None:
+                            deferred.run(read_range, fd, sym[:n], where)
+                        gf_mul_xor_into([sb[row]], [coeffs[gone.index(p_lost), used.index(p_mine)]], sym[:n])
+                    row += 1
+            rb = recv[:counts[pos] * n].reshape(-1, n) if counts[pos] else recv[:0].reshape(0, n)
+            gcomm.Reduce_scatter([sb.reshape(-1).view(np.uint64), MPI.UINT64_T],
+                                 [rb.reshape(-1).view(np.uint64), MPI.UINT64_T],
+                                 [c * n // 8 for c in counts], op=MPI.BXOR)
+            for i, (s, p) in enumerate(slots[pos]):
+                fd = fd_parity if p < m else fd_data
+                where = (p if p < m else p - m) * piece + off
+                if fd is not None:
+                    deferred.run(storage._pwrite_all, fd, rb[i], where)
+        if fd_data is not None and lost_data[pos]:
+            deferred.run(os.ftruncate, fd_data, sizes[pos])
+        if fd_parity is not None and lost_parity[pos]:
+            deferred.run(os.ftruncate, fd_parity, m * piece)
+        for fd in (fd_data, fd_parity):
+            if fd is not None:
+                os.close(fd)
+        if lost_parity[pos]:   # parity rebuilt: hash it and write encoded.json again
+            checksums = deferred.run(_hash_parity, parity_path, m, piece, hashers)
+            manifests = next(v[0]["manifests"] for v in (views[r] for r in group) if v[0] is not None)
+            self._write_info(deferred, step, ckpt_id, group, pos, m, piece, sizes, manifests, checksums or [])
+        if lost_data[pos]:     # data rebuilt: its manifest comes from a group member's copy
+            manifests = next(v[0]["manifests"] for v in (views[r] for r in group) if v[0] is not None)
+            doc = manifests[pos]
+            parsed = deferred.run(_parse_member, doc, me, step, ckpt_id)
+            if parsed is not None:
+                deferred.run(self.cache.commit, parsed)
+
+
+def _hash_parity(path, m, piece, hashers):
+    buf = np.empty(1 << 20, np.uint8)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        for j in range(m):
+            for off in range(0, piece, buf.nbytes):
+                n = min(buf.nbytes, piece - off)
+                read_range(fd, buf[:n], j * piece + off)
+                hashers[j].update(buf[:n])
+    finally:
+        os.close(fd)
+    return [h.hexdigest() for h in hashers]
+
+
+def _parse_member(doc, rank, step, ckpt_id):
+    m = mf.parse(doc, f"the copy of rank {rank}'s manifest")
+    if m.rank != rank or m.step != step or m.ckpt_id != ckpt_id:
+        raise ValueError(f"group copy describes rank {m.rank} step {m.step}, not rank {rank} step {step}")
+    return m
+
+
+def _check_info(info, rank, step, ckpt_id, world_size, where):
+    """Validate an encoded.json read back from disk."""
+    from ..errors import CorruptCheckpointError
+
+    def bad(msg):
+        return CorruptCheckpointError(f"{where}: {msg}")
+    if not isinstance(info, dict) or info.get("format") != FORMAT or info.get("version") != 1:
+        raise bad("not an hpcckpt encoded-level file")
+    if info.get("step") != step or info.get("ckpt_id") != ckpt_id:
+        raise bad("belongs to another checkpoint")
+    group = info.get("group")
+    if (not isinstance(group, list) or not group or len(group) > 256
+            or not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < world_size for r in group)
+            or len(set(group)) != len(group) or rank not in group or info.get("position") != group.index(rank)):
+        raise bad("bad group")
+    m, piece = info.get("parity"), info.get("piece")
+    if not isinstance(m, int) or not 0 <= m < len(group) or not isinstance(piece, int) or piece < 8 or piece % 8:
+        raise bad("bad code parameters")
+    sizes, manifests, checks = info.get("sizes"), info.get("manifests"), info.get("parity_checksums")
+    if (not isinstance(sizes, list) or len(sizes) != len(group)
+            or not all(isinstance(x, int) and 0 <= x <= piece * max(1, len(group) - m) for x in sizes)):
+        raise bad("bad sizes")
+    if not isinstance(manifests, list) or len(manifests) != len(group):
+        raise bad("bad member manifests")
+    if not isinstance(checks, list) or len(checks) != m or not all(isinstance(c, str) for c in checks):
+        raise bad("bad parity checksums")
+    return info
+
+
+def _plan(views, data_ok):
+    """From every rank's (summary, parity_ok): the groups, or None if some loss is unrecoverable."""
+    groups, covered = [], {}
+    for summary, _ in views:
+        if summary is None:
+            continue
+        key = tuple(summary["group"])
+        if any(r in covered and covered[r] != key for r in key):
+            return None     # inconsistent layouts: refuse rather than guess
+        if key not in {tuple(g["group"]) for g in groups}:
+            groups.append(dict(summary))
+        for r in key:
+            covered[r] = key
+    for r, ok in enumerate(data_ok):
+        if not ok and r not in covered:
+            return None     # a lost rank no survivor knows about
+    for g in groups:
+        group, m = g["group"], g["parity"]
+        k = len(group)
+        lost_data = [not data_ok[r] for r in group]
+        lost_parity = [views[r][1] is False or views[r][0] is None for r in group]
+        g["losses"] = any(lost_data)
+        if not g["losses"]:
+            continue
+        if m == 0:
+            return None
+        for s in range(k):
+            gone = sum(1 for p in range(k)
+                       if (lost_parity if p < m else lost_data)[stripe_symbol_owner(k, s, p)])
+            if gone > m:
+                return None
+    return groups

@@ -1,0 +1,109 @@
+"""Moving file bytes between ranks in chunks (collective helpers for the redundancy levels).
+
+Every rank takes part in every round whatever happens to its files: a local I/O error is kept
+and reported after the exchange, so a failing disk on one rank never deadlocks the others.
+"""
+import os
+
+import numpy as np
+
+from .. import storage
+
+TAG_META, TAG_DATA = 7101, 7102
+
+
+class Deferred:
+    """Collects the first local error of a collective exchange; ``raise_if_any()`` at the end."""
+
+    def __init__(self):
+        self.error = None
+
+    def run(self, fn, *args):
+        if self.error is not None:
+            return None
+        try:
+            return fn(*args)
+        except Exception as e:  # any local failure: report it after the collective part
+            self.error = e
+            return None
+
+    def raise_if_any(self):
+        if self.error is not None:
+            raise self.error
+
+
+def read_range(fd, buf, offset):
+    """pread into ``buf`` from ``offset``; zero what lies past the end of the file."""
+    view = memoryview(buf)
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    if done < len(view):
+        buf[done:] = 0
+    return done
+
+
+def exchange_files(comm, sends, recvs, chunk, deferred):
+    """Collective: stream whole files between ranks.
+
+    ``sends``: list of (dest_rank, meta, src_path, size) — ``meta`` is a small JSON-able object.
+    ``recvs``: list of (source_rank, dst_path_for(meta) -> path). Every rank must know its own
+    sends and recvs; the pairs must match across ranks (one file per (source, dest) pair).
+    Returns {source_rank: meta} of what was received. The receiver writes each file with the
+    sender's size (truncated or extended) and mode 0600 unless storage says otherwise.
+    """
+    # 1. metadata (small, pickled in flight only) and sizes
+    reqs = [comm.isend((meta, size), dest=d, tag=TAG_META) for d, meta, _, size in sends]
+    metas = {s: comm.recv(source=s, tag=TAG_META) for s, _ in recvs}
+    for r in reqs:
+        r.wait()
+    # 2. open files
+    send_fds, recv_fds = [], []
+    for d, _, path, size in sends:
+        send_fds.append(deferred.run(os.open, path, os.O_RDONLY | os.O_NOFOLLOW))
+    for s, path_for in recvs:
+        meta, size = metas[s]
+        path = deferred.run(path_for, meta)
+        fd = deferred.run(_open_for_write, path) if path else None
+        recv_fds.append((fd, size))
+    nsend = [-(-size // chunk) for _, _, _, size in sends]
+    nrecv = [-(-size // chunk) for _, size in recv_fds]
+    rounds = max(nsend + nrecv + [0])
+    sbufs = [np.empty(chunk, np.uint8) for _ in sends]
+    rbufs = [np.empty(chunk, np.uint8) for _ in recvs]
+    # 3. rounds: every pair moves one chunk per round
+    for i in range(rounds):
+        requests = []
+        for k, (d, _, _, size) in enumerate(sends):
+            if i < nsend[k]:
+                n = min(chunk, size - i * chunk)
+                if send_fds[k] is not None:
+                    deferred.run(read_range, send_fds[k], sbufs[k][:n], i * chunk)
+                requests.append(comm.Isend(sbufs[k][:n], dest=d, tag=TAG_DATA))
+        pending = []
+        for k, (s, _) in enumerate(recvs):
+            if i < nrecv[k]:
+                n = min(chunk, recv_fds[k][1] - i * chunk)
+                requests.append(comm.Irecv(rbufs[k][:n], source=s, tag=TAG_DATA))
+                pending.append((k, n))
+        from mpi4py import MPI
+        MPI.Request.Waitall(requests)
+        for k, n in pending:
+            fd = recv_fds[k][0]
+            if fd is not None:
+                deferred.run(storage._pwrite_all, fd, rbufs[k][:n], i * chunk)
+    for fd in send_fds:
+        if fd is not None:
+            os.close(fd)
+    for fd, size in recv_fds:
+        if fd is not None:
+            deferred.run(os.ftruncate, fd, size)
+            os.close(fd)
+    return {s: metas[s][0] for s, _ in recvs}
+
+
+def _open_for_write(path):
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
