@@ -19,6 +19,7 @@ Restore (``restart``), collective:
 import dataclasses
 import logging
 import os
+import threading
 import time
 import uuid
 
@@ -27,15 +28,16 @@ import numpy as np
 from . import faults, manifest as mf
 from .comm import Collective, agree
 from .config import LEVELS, Config
-from .errors import (CheckpointWriteError, HpcCkptError, IncompatibleCheckpointError, MismatchError,
-                     ProtectError)
+from .errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError, IncompatibleCheckpointError,
+                     MismatchError, ProtectError)
 from .levels.encoded import EncodedLevel
 from .levels.local import LocalCache
 from .levels.partner import PartnerLevel
+from .levels.pfs import PfsStore
 from .topology import Topology, survivability_warnings
 
 log = logging.getLogger("hpcckpt")
-AVAILABLE_LEVELS = ("local", "partner", "xor", "rs")
+AVAILABLE_LEVELS = ("local", "partner", "xor", "rs", "pfs")
 REDUNDANT_LEVELS = ("partner", "xor", "rs")
 
 
@@ -74,6 +76,8 @@ class Checkpointer:
         self._due = None
         self._levels = {}
         self._warned = False
+        self._pfs = None
+        self._flush = None        # the background pfs flush: (step, thread, result dict)
         with Collective(comm, "Checkpointer configuration"):
             self.config = Config.load(config, **overrides)
             self.policy = self._make_policy()
@@ -115,6 +119,8 @@ class Checkpointer:
         """Collective: wait for pending work, then release. Calling it twice is harmless."""
         if not self._closed:
             self.wait()
+            if self._pfs is not None:
+                self._pfs.close()
             self._closed = True
 
     def _check_open(self):
@@ -180,6 +186,7 @@ class Checkpointer:
     def checkpoint(self, step, level=None):
         """Collective: checkpoint the protected arrays as ``step``; return a CheckpointInfo."""
         self._check_open()
+        self.wait()               # a background flush must be done (and its error raised) first
         t0 = time.perf_counter()
         if level is None:
             level = self._due[1] if self._due and self._due[0] == step and self._due[1] else self.config.level
@@ -197,10 +204,18 @@ class Checkpointer:
             self._discard(step)  # every rank raises; no rank keeps a piece of this step
             raise
         seconds = max(v[1] for v in values)
+
+        # 5b. pfs: flush the committed step to the parallel file system (now or in the background)
+        self._last_step = step
+        if level == "pfs":
+            if self.config.async_flush and _threads_ok():
+                self._start_flush(step, ckpt_id, manifest)
+            else:
+                self._flush_to_pfs(step, ckpt_id, self._array_list())
+                seconds = max(seconds, self.comm.allreduce(time.perf_counter() - t0, op=_max_op()))
         info = CheckpointInfo(step, level, sum(v[0] for v in values), seconds)
 
         # 6. retire what the new checkpoint replaces (local; failures only warn)
-        self._last_step = step
         self._retire(keep_upto=step)
         if self.comm.rank == 0 and level in self.policy_levels:
             self.policy.record_checkpoint(level, seconds)   # rank 0 only: must not raise alone
@@ -262,6 +277,8 @@ class Checkpointer:
         steps = self.cache.steps_on_disk()
         committed = [s for s in steps if s <= keep_upto and os.path.exists(self.cache.manifest_path(s))]
         kept = committed[-self.config.keep:]
+        if self._flush is not None:
+            kept.append(self._flush[0])   # its files are being read by the background flush
         for step in steps:
             if step not in kept:
                 try:
@@ -282,7 +299,9 @@ class Checkpointer:
             found = self.cache.scan()
             c.value = {s: ((m.ckpt_id, m.level) if isinstance(m, mf.RankManifest) else m) for s, m in found.items()}
         candidates, problems = _candidates(c.values)
-        newest = max((s for s, _, _ in candidates), default=-1)
+        store = self._pfs_store(create=False)
+        pfs_steps = store.steps() if store is not None else []
+        newest = max([s for s, _, _ in candidates] + pfs_steps, default=-1)
         newest_incompatible = max((s for s, (kind, _) in problems.items() if kind == "incompatible"), default=-1)
         if newest_incompatible > newest:
             raise IncompatibleCheckpointError(problems[newest_incompatible][1])
@@ -290,13 +309,17 @@ class Checkpointer:
             if step > newest and self.comm.rank == 0:
                 log.warning("step %d cannot be restored: %s", step, reason[1])
 
-        for step, ckpt_id, level in candidates:
-            restored = self._restore_step(step, ckpt_id, level, found.get(step))
+        cached = {s: (ckpt_id, level) for s, ckpt_id, level in candidates}
+        for step in sorted(set(cached) | set(pfs_steps), reverse=True):
+            # the cheapest level first: the node-local cache (rebuilt if needed), then pfs
+            restored = step in cached and self._restore_step(step, *cached[step], found.get(step))
+            if not restored and step in pfs_steps:
+                restored = self._restore_from_pfs(step)
             if restored:
                 self._last_step = step
                 self._retire(keep_upto=step)
                 if self.comm.rank == 0:
-                    log.info("restarted from step %d (%s level)", step, level)
+                    log.info("restarted from step %d", step)
                 self.policy.start()
                 return step
         self.policy.start()
@@ -333,6 +356,18 @@ class Checkpointer:
         # 3. fill the protected arrays in place
         with Collective(self.comm, f"restoring step {step}"):
             self.cache.read_into(manifest, {n: p.array for n, p in self._arrays.items()})
+        return True
+
+    def _restore_from_pfs(self, step):
+        """Collective: fill the arrays from pfs step ``step``; False (untouched) when it is damaged."""
+        try:
+            self._pfs.restore(step, self._array_list())
+        except CorruptCheckpointError as e:
+            if self.comm.rank == 0:
+                log.warning("pfs step %d cannot be restored (%s); falling back to an older checkpoint", step, e)
+            return False
+        if self.comm.rank == 0:
+            log.info("restored step %d from pfs", step)
         return True
 
     def _verify_local(self, step, manifest):
@@ -385,7 +420,84 @@ class Checkpointer:
     def wait(self):
         """Collective: return once pending background work is durable; raise its errors on all ranks."""
         self._check_open()
-        agree(self.comm, None, None, "wait")
+        if self._flush is None:
+            return
+        step, thread, result = self._flush
+        thread.join()
+        self._flush = None
+        agree(self.comm, result.get("error"), None, f"background pfs flush of step {step}")
+        if self.comm.rank == 0 and "seconds" in result:
+            log.info("pfs flush of step %d took %.3f s in the background", step, result["seconds"])
+        self._retire(keep_upto=self._last_step)
+
+    # ------------------------------------------------------------------ the pfs level
+    def _pfs_store(self, create=True):
+        """Collective: the PfsStore (None when ``create`` is False and pfs_dir has no checkpoints)."""
+        if self._pfs is None:
+            if not create:
+                root = os.path.join(self.config.pfs_dir, self.config.name)
+                if not self.comm.bcast(os.path.isdir(root) if self.comm.rank == 0 else None, root=0):
+                    return None
+            self._pfs = PfsStore(self.config, self.comm, self.topology)
+        return self._pfs
+
+    def _flush_to_pfs(self, step, ckpt_id, arrays):
+        """Collective: write ``arrays`` to the pfs level as ``step``, then keep the newest ``keep``."""
+        store = self._pfs_store()
+        store.save(step, ckpt_id, arrays)
+        store.retire(self.config.keep)
+
+    def _start_flush(self, step, ckpt_id, manifest):
+        """Collective: flush the staged cache files of ``step`` to pfs in a background thread.
+
+        The thread reads the committed node-local files (memory-mapped), never the live arrays,
+        and talks MPI only on the PfsStore's own duplicated communicators.
+        """
+        self._pfs_store()          # collective: create it here, not in the thread
+        arrays = self.cache.mapped_arrays(manifest)
+        result = {}
+
+        def run():
+            t = time.perf_counter()
+            try:
+                self._flush_to_pfs(step, ckpt_id, arrays)
+            except Exception as e:  # surfaced collectively by wait()
+                result["error"] = e
+            result["seconds"] = time.perf_counter() - t
+        thread = threading.Thread(target=run, name=f"hpcckpt-flush-{step}", daemon=True)
+        self._flush = (step, thread, result)
+        thread.start()
+
+    def scavenge(self):
+        """Collective: copy the newest restorable cache checkpoint to pfs unless pfs has it already.
+
+        For the end of a job (``hpcckpt scavenge``); needs no protected arrays. Returns the step
+        copied, or None when there was nothing newer than pfs to copy.
+        """
+        self._check_open()
+        with Collective(self.comm, "scavenge: scanning checkpoints") as c:
+            found = self.cache.scan()
+            c.value = {s: ((m.ckpt_id, m.level) if isinstance(m, mf.RankManifest) else m) for s, m in found.items()}
+        candidates, _ = _candidates(c.values)
+        store = self._pfs_store()
+        on_pfs = set(store.steps())
+        for step, ckpt_id, level in candidates:
+            if step in on_pfs:
+                return None
+            with Collective(self.comm, f"scavenge: verifying step {step}") as c:
+                m = found.get(step)
+                m = m if isinstance(m, mf.RankManifest) else self.cache.read_manifest(step, quiet=True)
+                c.value = "no readable manifest" if m is None else None
+                if m is not None:
+                    try:
+                        self.cache.verify(m)
+                    except HpcCkptError as e:
+                        c.value = str(e)
+            if any(c.values):
+                continue
+            self._flush_to_pfs(step, ckpt_id, self.cache.mapped_arrays(m))
+            return step
+        return None
 
 
 def _candidates(per_rank):
@@ -408,6 +520,19 @@ def _candidates(per_rank):
             (ckpt_id, level), = good
             candidates.append((step, ckpt_id, level))
     return sorted(candidates, reverse=True), problems
+
+
+def _threads_ok():
+    from mpi4py import MPI
+    if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+        return True
+    log.warning("async_flush needs MPI_THREAD_MULTIPLE; flushing synchronously")
+    return False
+
+
+def _max_op():
+    from mpi4py import MPI
+    return MPI.MAX
 
 
 def _check_same(values, what):

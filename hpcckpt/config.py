@@ -49,6 +49,7 @@ class Config:
     level_mtbf: Any = None              # {level: seconds}
     end_time: Any = None                # absolute epoch seconds of the job's end, or None
     exit_safety: float = 2.0
+    async_flush: bool = False           # pfs: return once staged in the cache, flush in the background
     io_chunk: int = 1 << 20             # bytes hashed and written per system call
     reuse_files: bool = True            # overwrite retired files instead of creating new ones
     cache_fsync: bool = False           # fsync node-local data files (not needed on tmpfs)
@@ -118,7 +119,7 @@ class Config:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _INT_KEYS = ("group_size", "rs_parity", "keep")
-_BOOL_KEYS = ("reuse_files", "cache_fsync")
+_BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush")
 _STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "log_level")
 _TABLE_KEYS = ("schedule", "level_mtbf")
 

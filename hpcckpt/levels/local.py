@@ -126,6 +126,20 @@ class LocalCache:
                 return None
             raise
 
+    def mapped_arrays(self, manifest):
+        """Read-only views of the arrays of a committed step, memory-mapped from its data file:
+        (name, array, global_shape, global_offset) as the pfs level takes them (no copy)."""
+        out = []
+        path = self.data_path(manifest.step)
+        for a in manifest.arrays:
+            dtype = np.dtype(a.dtype)
+            if a.nbytes == 0:
+                view = np.zeros(a.shape, dtype)
+            else:
+                view = np.memmap(path, dtype=dtype, mode="r", offset=a.offset, shape=a.shape or (1,)).reshape(a.shape)
+            out.append((a.name, view, a.global_shape, a.global_offset))
+        return out
+
     def _read_buffer(self):
         if self._buffer is None:
             self._buffer = np.empty(self.cfg.io_chunk, np.uint8)

@@ -36,6 +36,7 @@ p.add_argument("--config-json", default="{}")
 p.add_argument("--expect-error", action="store_true", help="restart() must raise: print it, exit 3")
 p.add_argument("--tolerate-write-errors", action="store_true", help="print CKPTFAIL and go on")
 p.add_argument("--rank-config-json", default=None, help="RANK:JSON extra keyword arguments on one rank only")
+p.add_argument("--scavenge", action="store_true", help="call scavenge() at the end, print SCAVENGED <step>")
 p.add_argument("--extra-array-on-rank", type=int, default=-1, help="this rank protects one more array")
 a = p.parse_args()
 
@@ -48,7 +49,7 @@ def say(line):
 comm = MPI.COMM_WORLD
 rank = comm.rank
 n = a.n + (rank * 37 if a.uneven else 0)
-kwargs = dict(name=a.name, cache_dir=a.cache, pfs_dir=os.path.join(a.cache, "pfs"))
+kwargs = dict(name=a.name, cache_dir=a.cache, pfs_dir=os.path.join(os.path.dirname(a.cache), "pfs"))
 kwargs.update(json.loads(a.config_json))
 if a.rank_config_json:
     r, text = a.rank_config_json.split(":", 1)
@@ -104,6 +105,10 @@ with ckpt:
                 continue
             if rank == 0:
                 say(f"CKPT {info.step} {info.level} {info.bytes}")
+    if a.scavenge:
+        copied = ckpt.scavenge()
+        if rank == 0:
+            say(f"SCAVENGED {copied}")
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         for name, arr in (("u", u), ("grid", grid), ("it", it)):

@@ -1,0 +1,121 @@
+"""The pfs level through the Checkpointer: restart from pfs, other rank counts, async flush, scavenge."""
+import glob
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from harness import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+def app(nprocs, cache, *args, expect_ok=True, config=None, env=None):
+    cfg = {"ranks_per_node": 2}
+    cfg.update(config or {})
+    res = run_mpi(nprocs, "app.py", "--cache", os.path.join(cache, "node{node}"), "--steps", 20, "--every", 5,
+                  "--uneven", "--config-json", json.dumps(cfg), *args, env=env)
+    assert (res.returncode == 0) == expect_ok, str(res)
+    return res
+
+
+def outputs(path):
+    return {os.path.basename(f): open(f, "rb").read() for f in sorted(glob.glob(os.path.join(path, "*.npy")))}
+
+
+def restart_step(res):
+    (value,) = res.lines("RESTART")
+    return None if value == "None" else int(value)
+
+
+def lose_every_cache(root):
+    for d in glob.glob(os.path.join(root, "node*")):
+        shutil.rmtree(d)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ref")
+    app(4, str(d / "c"), "--out", str(d / "out"), "--no-restart")
+    return outputs(str(d / "out"))
+
+
+@pytest.mark.parametrize("async_flush", [False, True])
+def test_restart_from_pfs_after_every_cache_is_lost(async_flush, shm_dir, tmp_path, reference):
+    cfg = {"async_flush": async_flush}
+    app(4, shm_dir, "--level", "pfs", "--crash-at", 12, config=cfg, expect_ok=False)
+    lose_every_cache(shm_dir)
+    res = app(4, shm_dir, "--level", "pfs", "--out", tmp_path / "out", config=cfg,
+              env={"HPCCKPT_LOG_LEVEL": "INFO"})
+    # synchronous: step 9 is on pfs; async: 9 may still have been flushing at the crash (then 4)
+    assert restart_step(res) in ({9} if not async_flush else {4, 9})
+    assert "from pfs" in res.stderr
+    assert outputs(tmp_path / "out") == reference
+
+
+def test_restart_prefers_the_cache(shm_dir, tmp_path, reference):
+    app(4, shm_dir, "--level", "pfs", "--crash-at", 12, expect_ok=False)
+    res = app(4, shm_dir, "--level", "pfs", "--out", tmp_path / "out", env={"HPCCKPT_LOG_LEVEL": "INFO"})
+    assert restart_step(res) == 9 and "from pfs" not in res.stderr
+    assert outputs(tmp_path / "out") == reference
+
+
+def test_crash_during_background_flush_keeps_previous_pfs_checkpoint(shm_dir, tmp_path, reference):
+    cfg = {"async_flush": True}
+    app(4, shm_dir, "--level", "pfs", config=cfg, expect_ok=False, env={"_HPCCKPT_FAULT": "pfs-write:1:9"})
+    steps = sorted(os.path.basename(p) for p in glob.glob(os.path.join(shm_dir, "pfs", "app", "step_*")))
+    assert "step_0000000004" in steps and "step_0000000009" not in steps
+    lose_every_cache(shm_dir)
+    res = app(4, shm_dir, "--level", "pfs", "--out", tmp_path / "out", config=cfg)
+    assert restart_step(res) == 4
+    assert outputs(tmp_path / "out") == reference
+
+
+def test_background_flush_error_is_raised_on_every_rank(shm_dir):
+    res = app(4, shm_dir, "--level", "pfs", "--tolerate-write-errors", "--steps", 12,
+              config={"async_flush": True}, env={"_HPCCKPT_FAULT": "pfs-write:2:4:error"})
+    fails = res.lines("CKPTFAIL")   # surfaced by the next checkpoint (step 9), on all ranks
+    assert len(fails) == 4 and all("background pfs flush of step 4 failed" in f for f in fails), str(res)
+
+
+def test_scavenge_copies_the_newest_cache_checkpoint(shm_dir, tmp_path, reference):
+    res = app(4, shm_dir, "--level", "local", "--scavenge")
+    assert res.lines("SCAVENGED") == ["19"]
+    lose_every_cache(shm_dir)
+    res = app(4, shm_dir, "--level", "local", "--scavenge", "--out", tmp_path / "out")
+    assert restart_step(res) == 19 and res.lines("SCAVENGED") == ["None"]
+    assert outputs(tmp_path / "out") == reference
+
+
+def test_other_world_size_without_global_layout_is_refused(shm_dir):
+    app(4, shm_dir, "--level", "pfs", "--crash-at", 12, expect_ok=False)
+    res = run_mpi(2, "app.py", "--cache", os.path.join(shm_dir, "node{node}"), "--uneven", "--expect-error",
+                  "--config-json", '{"ranks_per_node": 1}')
+    errors = res.lines("ERROR")
+    assert res.returncode == 3 and len(errors) == 2, str(res)
+    assert all(e.startswith("IncompatibleCheckpointError") for e in errors)
+
+
+def elastic(nprocs, cache, *args):
+    res = run_mpi(nprocs, "elastic_app.py", "--cache", os.path.join(cache, "node{node}"), *args)
+    return res
+
+
+@pytest.fixture(scope="module")
+def elastic_reference(tmp_path_factory):
+    d = tmp_path_factory.mktemp("eref")
+    res = elastic(4, str(d / "c"), "--out", str(d / "ref.npy"))
+    assert res.returncode == 0, str(res)
+    return np.load(d / "ref.npy")
+
+
+@pytest.mark.parametrize("before,after", [(4, 2), (4, 3), (4, 6), (6, 4)])
+def test_restart_on_another_rank_count(before, after, shm_dir, tmp_path, elastic_reference):
+    res = elastic(before, shm_dir, "--crash-at", 9)
+    assert res.returncode != 0
+    res = elastic(after, shm_dir, "--out", tmp_path / "f.npy")   # same cache dirs: the old ones are ignored
+    assert res.returncode == 0, str(res)
+    assert res.lines("RESTART") == ["7"]
+    assert np.load(tmp_path / "f.npy").tobytes() == elastic_reference.tobytes()
