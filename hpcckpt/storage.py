@@ -132,7 +132,7 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
             for start in range(0, nbytes, chunk):
                 piece = data[start:start + chunk]
                 hasher.update(piece)
-                _pwrite_all(fd, piece, offset + start)
+                pwrite_all(fd, piece, offset + start)
                 if fault is not None:
                     fault()
             entries.append((name, offset, nbytes, hasher.hexdigest()))
@@ -146,14 +146,18 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
     return entries, size
 
 
-def _pwrite_all(fd, view, offset):
+def pwrite_all(fd, view, offset):
+    """Write all of ``view`` at ``offset`` (local)."""
     view = memoryview(view)
     while view:
         n = os.pwrite(fd, view, offset)
+        if n == 0:
+            raise OSError(errno.EIO, "pwrite wrote nothing")
         view, offset = view[n:], offset + n
 
 
-def _pread_into(fd, view, offset, path):
+def pread_into(fd, view, offset, path):
+    """Fill ``view`` from ``offset``; CorruptCheckpointError when the file ends first (local)."""
     view = memoryview(view)
     while view:
         n = os.preadv(fd, [view], offset)
@@ -189,7 +193,7 @@ def verify_file(path, expected_size, entries, buffer):
             hasher = new_hasher()
             for start in range(0, nbytes, buffer.nbytes):
                 piece = buffer[:min(buffer.nbytes, nbytes - start)]
-                _pread_into(fd, piece, offset + start, path)
+                pread_into(fd, piece, offset + start, path)
                 hasher.update(piece)
             if hasher.hexdigest() != checksum:
                 raise CorruptCheckpointError(f"{path}: array {name!r} fails its checksum "
@@ -205,7 +209,7 @@ def read_into(path, expected_size, targets, chunk, fault=None):
         for array, offset in targets:
             data = byte_view(array)
             for start in range(0, data.nbytes, chunk):
-                _pread_into(fd, data[start:start + chunk], offset + start, path)
+                pread_into(fd, data[start:start + chunk], offset + start, path)
                 if fault is not None:
                     fault()
     finally:

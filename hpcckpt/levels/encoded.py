@@ -100,7 +100,7 @@ class EncodedLevel:
             for j in range(m):
                 hashers[j].update(rb[j])
                 if fd_out is not None:
-                    deferred.run(storage._pwrite_all, fd_out, rb[j], j * piece + off)
+                    deferred.run(storage.pwrite_all, fd_out, rb[j], j * piece + off)
         for fd in (fd_in, fd_out):
             if fd is not None:
                 os.close(fd)
@@ -223,7 +223,7 @@ class EncodedLevel:
                 fd = fd_parity if p < m else fd_data
                 where = (p if p < m else p - m) * piece + off
                 if fd is not None:
-                    deferred.run(storage._pwrite_all, fd, rb[i], where)
+                    deferred.run(storage.pwrite_all, fd, rb[i], where)
         if fd_data is not None and lost_data[pos]:
             deferred.run(os.ftruncate, fd_data, sizes[pos])
         if fd_parity is not None and lost_parity[pos]:

@@ -24,7 +24,6 @@ own duplicate, so it may run in a background thread while the application uses t
 A failure on one rank raises on every rank (hpcckpt.comm.Collective).
 """
 import dataclasses
-import errno
 import logging
 import math
 import os
@@ -294,7 +293,7 @@ class PfsStore:
             for start in range(0, view.nbytes, chunk):
                 if error is None:
                     try:
-                        _pwrite_all(fd, view[start:start + chunk], offsets[(self.rank, i)] + start)
+                        storage.pwrite_all(fd, view[start:start + chunk], offsets[(self.rank, i)] + start)
                         if fault is not None:
                             fault()
                     except OSError as e:
@@ -314,7 +313,7 @@ class PfsStore:
                 req = self.node_comm.Irecv(bufs[(k + 1) % 2][:n2], source=self.node_ranks.index(r2), tag=_TAG)
             if error is None:
                 try:
-                    _pwrite_all(fd, bufs[k % 2][:n], offsets[(r, i)] + start)
+                    storage.pwrite_all(fd, bufs[k % 2][:n], offsets[(r, i)] + start)
                 except OSError as e:
                     error = e
         if fd is not None:
@@ -343,7 +342,7 @@ class PfsStore:
                 try:
                     for i, view in enumerate(mine):
                         for start in range(0, view.nbytes, chunk):
-                            _pwrite_all(fd, view[start:start + chunk], offsets[(self.rank, i)] + start)
+                            storage.pwrite_all(fd, view[start:start + chunk], offsets[(self.rank, i)] + start)
                             if fault is not None:
                                 fault()
                 finally:
@@ -684,7 +683,7 @@ class PfsStore:
                 hasher = new_hasher()
                 for start in range(0, nbytes, buf.nbytes):
                     piece = buf[:min(buf.nbytes, nbytes - start)]
-                    storage._pread_into(fds[path], piece, off + start, path)
+                    storage.pread_into(fds[path], piece, off + start, path)
                     hasher.update(piece)
                 if hasher.hexdigest() != e.blocks[q].checksum:
                     raise CorruptCheckpointError(f"{path}: array {e.name!r} of rank {q} fails its checksum "
@@ -709,7 +708,7 @@ class PfsStore:
                 if mode == "rank":
                     fd, path, off = source(self.rank, e.name)
                     for start in range(0, dst.nbytes, self.chunk):
-                        storage._pread_into(fd, dst[start:start + self.chunk], off + start, path)
+                        storage.pread_into(fd, dst[start:start + self.chunk], off + start, path)
                     continue
                 goffset, shape = block
                 old = [(b.offset, b.shape) for b in e.blocks]
@@ -729,7 +728,7 @@ class PfsStore:
         if src_run is not None and dst_run is not None:
             dst = storage.byte_view(array)[dst_run[0] * itemsize:(dst_run[0] + dst_run[1]) * itemsize]
             for start in range(0, dst.nbytes, self.chunk):
-                storage._pread_into(fd, dst[start:start + self.chunk], base + src_run[0] * itemsize + start, path)
+                storage.pread_into(fd, dst[start:start + self.chunk], base + src_run[0] * itemsize + start, path)
             return
         # general case: read whole rows (axis 0) of the source block a few at a time, copy the box
         row = lay.volume(src_shape[1:]) * itemsize
@@ -739,7 +738,7 @@ class PfsStore:
         for r0 in range(0, ext[0], per):
             rows = min(per, ext[0] - r0)
             piece = scratch[:rows * row]
-            storage._pread_into(fd, piece, base + (src_off[0] + r0) * row, path)
+            storage.pread_into(fd, piece, base + (src_off[0] + r0) * row, path)
             src = piece.view(array.dtype).reshape((rows,) + tuple(src_shape[1:]))[(slice(None),) + inner]
             dst_index = (slice(dst_off[0] + r0, dst_off[0] + r0 + rows),) + \
                 tuple(slice(o, o + n) for o, n in zip(dst_off[1:], ext[1:]))
@@ -820,15 +819,6 @@ class PfsStore:
 # ---------------------------------------------------------------------- helpers (local)
 def _ID_OK(text):
     return 0 < len(text) <= 64 and all(ch.isascii() and (ch.isalnum() or ch in "-_") for ch in text)
-
-
-def _pwrite_all(fd, view, offset):
-    view = memoryview(view)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        if n == 0:
-            raise OSError(errno.EIO, "pwrite wrote nothing")
-        view, offset = view[n:], offset + n
 
 
 def _h5_dtype(dtype):

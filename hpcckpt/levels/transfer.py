@@ -6,6 +6,7 @@ and reported after the exchange, so a failing disk on one rank never deadlocks t
 import os
 
 import numpy as np
+from mpi4py import MPI
 
 from .. import storage
 
@@ -89,12 +90,11 @@ def exchange_files(comm, sends, recvs, chunk, deferred):
                 n = min(chunk, recv_fds[k][1] - i * chunk)
                 requests.append(comm.Irecv(rbufs[k][:n], source=s, tag=TAG_DATA))
                 pending.append((k, n))
-        from mpi4py import MPI
         MPI.Request.Waitall(requests)
         for k, n in pending:
             fd = recv_fds[k][0]
             if fd is not None:
-                deferred.run(storage._pwrite_all, fd, rbufs[k][:n], i * chunk)
+                deferred.run(storage.pwrite_all, fd, rbufs[k][:n], i * chunk)
     for fd in send_fds:
         if fd is not None:
             os.close(fd)

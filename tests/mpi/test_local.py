@@ -3,7 +3,6 @@ import glob
 import json
 import os
 
-import numpy as np
 import pytest
 
 from harness import run_mpi

@@ -1,5 +1,4 @@
 """Config: layering, typed environment values, unknown keys, validation."""
-import os
 
 import pytest
 
