@@ -235,11 +235,15 @@ class Checkpointer:
         if level in REDUNDANT_LEVELS:
             self._warn_survivability()
             with Collective(self.comm, f"encoding checkpoint {step} ({level})"):
-                self._level(level).encode(step, manifest)
+                try:
+                    self._level(level).encode(step, manifest)
+                except OSError as e:
+                    raise CheckpointWriteError(f"cannot write the {level} redundancy of step {step}: "
+                                               f"{e.strerror} ({e.filename})") from e
         # 4-5. commit: every rank writes its manifest; agree that every rank did
         with Collective(self.comm, f"committing checkpoint {step}") as c:
-            faults.hit("commit", self.comm.rank, step)
             try:
+                faults.hit("commit", self.comm.rank, step)
                 self.cache.commit(manifest)
             except OSError as e:
                 raise CheckpointWriteError(f"cannot write the manifest of step {step}: {e.strerror}") from e

@@ -16,7 +16,7 @@ def _size(n):
 
 
 def cmd_list(args):
-    found = catalog.find(args.dir)
+    found = [f for f in catalog.find(args.dir) if f.kind == "rank"]
     pending = catalog.uncommitted_steps(args.dir)
     if not found and not pending:
         print(f"no checkpoints under {args.dir}")
@@ -64,15 +64,15 @@ def cmd_verify(args):
         problem = catalog.verify(f)
         if problem:
             damaged += 1
-            print(f"DAMAGED step {f.step} rank {f.rank}: {problem}")
+            print(f"DAMAGED {f.label}: {problem}")
         elif args.verbose:
-            print(f"ok      step {f.step} rank {f.rank}: {f.data_path}")
-    print(f"{len(found) - damaged} of {len(found)} rank files intact" + (f", {damaged} DAMAGED" if damaged else ""))
+            print(f"ok      {f.label}: {f.data_path}")
+    print(f"{len(found) - damaged} of {len(found)} files intact" + (f", {damaged} DAMAGED" if damaged else ""))
     return 1 if damaged else 0
 
 
 def cmd_inspect(args):
-    found = [f for f in catalog.find(args.dir) if f.step == args.step]
+    found = [f for f in catalog.find(args.dir) if f.step == args.step and f.kind == "rank"]
     if not found:
         print(f"hpcckpt inspect: no step {args.step} under {args.dir}", file=sys.stderr)
         return 2

@@ -3,7 +3,8 @@
 ``_HPCCKPT_FAULT="PHASE:RANK[:STEP[:ACTION]]"`` — at PHASE, on RANK (or ``*``), at STEP (or ``*``),
 ACTION is ``kill`` (SIGKILL this process, the default) or ``error`` (raise ENOSPC, as a full disk
 would). Phases: ``write`` (half-way through the data), ``written`` (data written, before the
-ranks agree), ``commit`` (before this rank's manifest is written), ``committed`` (after it,
+ranks agree), ``encode`` (partner/xor/rs: while storing partner copies or before the parity
+rounds; also fires when a rebuild resends partner copies), ``commit`` (before this rank's manifest is written), ``committed`` (after it,
 before the final agreement), ``retire`` (while removing an old checkpoint), ``restore``
 (half-way through filling the arrays).
 """

@@ -39,10 +39,15 @@ def exit_status(returncode):
 
 
 def failed_nodes_from_srun(lines):
-    """Pure: the node names srun reports failed tasks on, in order of appearance."""
+    """Pure: the nodes srun reports failed tasks on, in order of appearance, up to the moment srun
+    starts terminating the step (with --kill-on-bad-exit, the tasks killed after that on other
+    nodes are collateral: "srun: ... Terminating StepId=...")."""
     nodes = []
     for line in lines:
-        m = _SRUN_ERROR.match(line.strip())
+        line = line.strip()
+        if "Terminating StepId" in line or "Terminating job step" in line:
+            break
+        m = _SRUN_ERROR.match(line)
         if m and m.group(1) not in nodes:
             nodes.append(m.group(1))
     return nodes

@@ -16,7 +16,7 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from .. import manifest as mf, storage
+from .. import faults, manifest as mf, storage
 from ..codecs import gf256
 from ..codecs.checksum import new_hasher
 from ..codecs.rs import gf_mul_xor_into, rs_parity_matrix
@@ -85,6 +85,7 @@ class EncodedLevel:
         fd_in = deferred.run(os.open, self.cache.data_path(step), os.O_RDONLY | os.O_NOFOLLOW)
         deferred.run(storage.makedirs, self.cache.held_dir(step), self.cache.cfg.dir_mode)
         fd_out = deferred.run(os.open, parity_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, self.cache.cfg.file_mode)
+        deferred.run(faults.hit, "encode", self.comm.rank, step)   # test hook: kill/ENOSPC mid-encoding
         for off in range(0, piece, seg):
             n = min(seg, piece - off)
             sb = send[:k * m * n].reshape(k, m, n)

@@ -53,6 +53,10 @@ class LocalCache:
 
         ``arrays`` is a list of (name, array, global_shape, global_offset).
         """
+        if os.path.islink(self.step_dir(step)):
+            os.unlink(self.step_dir(step))   # never write (or uncommit) through a planted link
+        if os.path.islink(self.data_path(step)):
+            os.unlink(self.data_path(step))  # a planted link would make every later write fail
         self.uncommit(step)  # a leftover of an abandoned run with the same step number
         storage.makedirs(self.step_dir(step), self.cfg.dir_mode)
         path = self.data_path(step)
@@ -86,7 +90,10 @@ class LocalCache:
             names = os.listdir(self.root)
         except FileNotFoundError:
             return []
-        return sorted(s for s in map(mf.parse_step_dir_name, names) if s is not None)
+        # a symbolic link is never ours: following it would read, or retire (delete), files
+        # outside the cache directory
+        return sorted(s for name in names if (s := mf.parse_step_dir_name(name)) is not None
+                      and not os.path.islink(os.path.join(self.root, name)))
 
     def scan(self):
         """This rank's readable manifests: {step: RankManifest or an error message}."""
@@ -166,7 +173,8 @@ class LocalCache:
         """
         self.uncommit(step)
         data = self.data_path(step)
-        if self.cfg.reuse_files and os.path.exists(data) and not os.path.exists(self.spare_path):
+        if self.cfg.reuse_files and os.path.exists(data) and not os.path.islink(data) \
+                and not os.path.exists(self.spare_path):
             storage.makedirs(os.path.dirname(self.spare_path), self.cfg.dir_mode)
             os.replace(data, self.spare_path)
         faults.hit("retire", self.rank, step)

@@ -6,7 +6,7 @@ holding its copies. ``encode`` and ``recover`` are collective.
 """
 import os
 
-from .. import manifest as mf, storage
+from .. import faults, manifest as mf, storage
 from ..errors import HpcCkptError
 from ..topology import partner_holders
 from .transfer import Deferred, exchange_files
@@ -38,6 +38,7 @@ class PartnerLevel:
 
         def path_for(src):
             def make(meta):
+                faults.hit("encode", self.comm.rank, step)   # test hook: kill/ENOSPC while storing copies
                 storage.makedirs(self.cache.held_dir(step), self.cache.cfg.dir_mode)
                 return self._copy_paths(step, src)[0]
             return make

@@ -454,6 +454,8 @@ class PfsStore:
         storage.fsync_dir(tmp)
         faults.hit("pfs-commit", self.rank, index.step)
         final = self.step_dir(index.step)
+        if os.path.islink(final):             # never follow a planted link out of the pfs dir
+            os.unlink(final)
         if os.path.lexists(final):            # a step of an abandoned run: uncommit, then replace
             storage.remove_file(os.path.join(final, MARKER))
             storage.fsync_dir(final)
@@ -480,7 +482,7 @@ class PfsStore:
         out = []
         for name in names:
             step = mf.parse_step_dir_name(name)
-            if step is None:
+            if step is None or os.path.islink(os.path.join(self.root, name)):
                 continue
             try:
                 st = os.lstat(os.path.join(self.root, name, MARKER))
@@ -804,6 +806,9 @@ class PfsStore:
                     leftover = step is None and name.startswith("step_") and ".tmp-" in name
                     if (step is not None and step not in kept) or leftover:
                         path = os.path.join(self.root, name)
+                        if os.path.islink(path):          # only the link, never what it points at
+                            storage.remove_file(path)
+                            continue
                         storage.remove_file(os.path.join(path, MARKER))   # uncommit first
                         self._remove_tree(path)
 

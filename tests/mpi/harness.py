@@ -42,7 +42,7 @@ def _shm_leftovers():
         return set()
 
 
-def run_mpi(nprocs, script, *args, env=None, timeout=90):
+def run_mpi(nprocs, script, *args, env=None, timeout=240):
     """Run ``script`` (a path, or a file name in tests/mpi/apps) on ``nprocs`` ranks; return a Result."""
     if not os.path.isabs(script):
         script = os.path.join(APPS, script)

@@ -50,7 +50,7 @@ def test_list_shows_uncommitted_data(checkpoints):
 
 def test_verify_ok_then_damaged(checkpoints):
     res = cli("verify", checkpoints)
-    assert res.returncode == 0 and "8 of 8 rank files intact" in res.stdout
+    assert res.returncode == 0 and "8 of 8 files intact" in res.stdout
     victim = glob.glob(os.path.join(checkpoints, "node1", "app", "step_0000000009", "rank_000003.dat"))[0]
     with open(victim, "r+b") as f:
         f.seek(100)
@@ -85,3 +85,16 @@ def test_inspect(checkpoints):
 def test_missing_directory_is_a_clear_error(tmp_path):
     res = cli("list", tmp_path / "nope")
     assert res.returncode == 2 and "not a directory" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("level,held", [("partner", "partner_000002"), ("xor", "parity")])
+def test_verify_checks_partner_copies_and_parity(level, held, shm_dir):
+    run_mpi(4, "app.py", "--cache", os.path.join(shm_dir, "node{node}"), "--steps", 10, "--every", 5, "--level", level,
+            "--config-json", '{"ranks_per_node": 1}')
+    res = cli("verify", shm_dir, "--step", 9)
+    assert res.returncode == 0 and "8 of 8 files intact" in res.stdout, res.stdout   # 4 ranks + 4 copies/parities
+    victim = glob.glob(os.path.join(shm_dir, "node*", "app", "step_0000000009", "held_*", held + ".dat"))[0]
+    with open(victim, "r+b") as f:
+        f.write(b"\x99\x98")
+    res = cli("verify", shm_dir, "--step", 9)
+    assert res.returncode == 1 and ("partner copy" if level == "partner" else "(parity)") in res.stdout
