@@ -85,23 +85,28 @@ def check_dtype(dtype):
                            "complex, bytes/str and datetime dtypes (no object or structured dtypes)")
 
 
+def check_header(doc, where, expected_format, max_version):
+    """Local: a JSON object of ``expected_format``, a version this hpcckpt reads, our checksums."""
+    if not isinstance(doc, dict):
+        raise CorruptCheckpointError(f"{where}: not a JSON object")
+    if doc.get("format") != expected_format:
+        raise CorruptCheckpointError(f"{where}: format is {doc.get('format')!r}, expected {expected_format!r}")
+    version = doc.get("version")
+    if not _is_int(version) or version < 1:
+        raise CorruptCheckpointError(f"{where}: bad version {version!r}")
+    if version > max_version:
+        raise IncompatibleCheckpointError(f"{where}: format version {version} is newer than this "
+                                          f"hpcckpt understands ({max_version}); upgrade hpcckpt")
+    if doc.get("checksum_algorithm") != ALGORITHM:
+        raise CorruptCheckpointError(f"{where}: unknown checksum algorithm {doc.get('checksum_algorithm')!r}")
+
+
 def parse(doc, where):
     """Validate a manifest document loaded from JSON; return a RankManifest."""
     def bad(msg):
         return CorruptCheckpointError(f"{where}: {msg}")
 
-    if not isinstance(doc, dict):
-        raise bad("not a JSON object")
-    if doc.get("format") != FORMAT:
-        raise bad(f"format is {doc.get('format')!r}, expected {FORMAT!r}")
-    version = doc.get("version")
-    if not _is_int(version) or version < 1:
-        raise bad(f"bad version {version!r}")
-    if version > VERSION:
-        raise IncompatibleCheckpointError(f"{where}: format version {version} is newer than this "
-                                          f"hpcckpt understands ({VERSION}); upgrade hpcckpt")
-    if doc.get("checksum_algorithm") != ALGORITHM:
-        raise bad(f"unknown checksum algorithm {doc.get('checksum_algorithm')!r}")
+    check_header(doc, where, FORMAT, VERSION)
     ints = {}
     for key in ("world_size", "rank", "node", "step", "data_size"):
         v = doc.get(key)

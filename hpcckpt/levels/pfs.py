@@ -897,18 +897,7 @@ def parse_index(doc, where):
     def bad(msg):
         return CorruptCheckpointError(f"{where}: {msg}")
 
-    if not isinstance(doc, dict):
-        raise bad("not a JSON object")
-    if doc.get("format") != FORMAT:
-        raise bad(f"format is {doc.get('format')!r}, expected {FORMAT!r}")
-    version = doc.get("version")
-    if not mf._is_int(version) or version < 1:
-        raise bad(f"bad version {version!r}")
-    if version > VERSION:
-        raise IncompatibleCheckpointError(f"{where}: format version {version} is newer than this hpcckpt "
-                                          f"understands ({VERSION}); upgrade hpcckpt")
-    if doc.get("checksum_algorithm") != ALGORITHM:
-        raise bad(f"unknown checksum algorithm {doc.get('checksum_algorithm')!r}")
+    mf.check_header(doc, where, FORMAT, VERSION)
     if doc.get("master") != MASTER:
         raise bad(f"master must be {MASTER!r}")
     step, size = doc.get("step"), doc.get("world_size")
