@@ -25,7 +25,7 @@ import uuid
 
 import numpy as np
 
-from . import faults, manifest as mf
+from . import faults, manifest as mf, slurm
 from .comm import Collective, agree
 from .config import LEVELS, Config
 from .errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError, IncompatibleCheckpointError,
@@ -78,6 +78,8 @@ class Checkpointer:
         self._warned = False
         self._pfs = None
         self._flush = None        # the background pfs flush: (step, thread, result dict)
+        self._stopping = False    # a stop was requested (signal or stop file): final pfs checkpoint, then exit
+        self._final_done = False
         with Collective(comm, "Checkpointer configuration"):
             self.config = Config.load(config, **overrides)
             self.policy = self._make_policy()
@@ -88,6 +90,7 @@ class Checkpointer:
             self.cache.prepare()
         if set(self.policy_levels) & set(REDUNDANT_LEVELS):
             self._warn_survivability()
+        self._setup_slurm()
 
     def _make_policy(self):
         from .policy import Policy
@@ -96,6 +99,20 @@ class Checkpointer:
         self.policy_levels = tuple(lv for lv in LEVELS if lv in named)
         return Policy(kind=cfg.policy, mtbf=cfg.mtbf, level_mtbf=cfg.level_mtbf, schedule=cfg.schedule,
                       levels=self.policy_levels, end_time=cfg.end_time, exit_safety=cfg.exit_safety)
+
+    def _setup_slurm(self):
+        """Inside a SLURM job: stop signals only set a flag (default USR1, for --signal=B:USR1@T
+        forwarded by the job script), and the job's end time feeds the wall-clock policy."""
+        signals = self.config.stop_signals
+        if signals == "auto":
+            signals = ("SIGUSR1",) if slurm.in_slurm() else ()
+        if signals:
+            slurm.install_stop_handler(signals)
+        if self.config.end_time is None and slurm.in_slurm() and self.comm.rank == 0:
+            end = slurm.job_end_time()
+            if end is not None:
+                self.policy.set_end_time(end)
+                log.info("job %s ends at %s", slurm.job_id(), time.ctime(end))
 
     def _warn_survivability(self):
         """Rank 0, once: say what the redundancy levels cannot survive with this placement."""
@@ -170,8 +187,15 @@ class Checkpointer:
         """Collective: the level due at ``step`` (decided on rank 0, the same on every rank), or None."""
         self._check_open()
         with Collective(self.comm, f"need_checkpoint({step!r})") as c:
-            c.value = self.policy.decide(step) if self.comm.rank == 0 else None
-        level = c.values[0]
+            c.value = (self.policy.decide(step) if self.comm.rank == 0 else None, slurm.stop_requested())
+        level = c.values[0][0]
+        if any(v[1] for v in c.values) and not self._stopping:
+            self._stopping = True           # every rank sees this at the same step
+            if self.comm.rank == 0:
+                log.warning("stop requested (%s): taking a final pfs checkpoint at step %s",
+                            slurm.stop_reason() or "another rank", step)
+        if self._stopping and not self._final_done:
+            level = "pfs"
         self._due = (step, level)
         return level
 
@@ -180,7 +204,7 @@ class Checkpointer:
         self._check_open()
         with Collective(self.comm, "should_exit()") as c:
             c.value = self.policy.should_exit() if self.comm.rank == 0 else None
-        return bool(c.values[0])
+        return bool(c.values[0]) or (self._stopping and self._final_done)
 
     # ------------------------------------------------------------------ save
     def checkpoint(self, step, level=None):
@@ -215,6 +239,9 @@ class Checkpointer:
                 seconds = max(seconds, self.comm.allreduce(time.perf_counter() - t0, op=_max_op()))
         info = CheckpointInfo(step, level, sum(v[0] for v in values), seconds)
 
+        if self._stopping and level == "pfs":
+            self.wait()                     # the final checkpoint must be durable before exiting
+            self._final_done = True
         # 6. retire what the new checkpoint replaces (local; failures only warn)
         self._retire(keep_upto=step)
         if self.comm.rank == 0 and level in self.policy_levels:

@@ -49,6 +49,7 @@ class Config:
     level_mtbf: Any = None              # {level: seconds}
     end_time: Any = None                # absolute epoch seconds of the job's end, or None
     exit_safety: float = 2.0
+    stop_signals: Any = "auto"          # signals that request a final pfs checkpoint and exit
     async_flush: bool = False           # pfs: return once staged in the cache, flush in the background
     io_chunk: int = 1 << 20             # bytes hashed and written per system call
     reuse_files: bool = True            # overwrite retired files instead of creating new ones
@@ -234,6 +235,21 @@ def _parse_value(key, value):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777:
             raise ConfigError(f"{key} must be a permission mode between 0 and 0777, got {value!r}")
         return value
+    if key == "stop_signals":
+        if value == "auto":
+            return value
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"stop_signals must be 'auto' or a list of signal names, got {value!r}")
+        import signal as _signal
+        out = []
+        for v in value:
+            name = v.upper() if v.upper().startswith("SIG") else "SIG" + v.upper()
+            if name not in _signal.Signals.__members__ or name in ("SIGKILL", "SIGSTOP"):
+                raise ConfigError(f"stop_signals: {v!r} is not a signal that can be caught")
+            out.append(name)
+        return tuple(out)
     if key == "io_chunk":
         return parse_size(value, key)
     if key == "exit_safety":

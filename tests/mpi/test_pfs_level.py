@@ -119,3 +119,17 @@ def test_restart_on_another_rank_count(before, after, shm_dir, tmp_path, elastic
     assert res.returncode == 0, str(res)
     assert res.lines("RESTART") == ["7"]
     assert np.load(tmp_path / "f.npy").tobytes() == elastic_reference.tobytes()
+
+
+def test_stop_signal_takes_a_final_pfs_checkpoint_then_exits(shm_dir, tmp_path, reference):
+    """What SLURM's --signal=B:USR1@T does, without SLURM: rank 1 gets SIGUSR1 after step 7; every rank
+    takes a pfs checkpoint at the same step and stops; the next run restarts from it."""
+    cfg = {"stop_signals": ["USR1"], "policy": "fixed", "schedule": {"local": 5}}
+    res = app(4, shm_dir, "--policy-loop", "--signal-at", 7, config=cfg)
+    stopped = res.lines("STOPPED")
+    assert len(stopped) == 1 and int(stopped[0]) in (7, 8), str(res)
+    assert f"CKPT {stopped[0]} pfs" in res.stdout
+    lose_every_cache(shm_dir)
+    res = app(4, shm_dir, "--policy-loop", "--out", tmp_path / "out", config=cfg)
+    assert restart_step(res) == int(stopped[0])
+    assert outputs(tmp_path / "out") == reference

@@ -36,6 +36,8 @@ p.add_argument("--config-json", default="{}")
 p.add_argument("--expect-error", action="store_true", help="restart() must raise: print it, exit 3")
 p.add_argument("--tolerate-write-errors", action="store_true", help="print CKPTFAIL and go on")
 p.add_argument("--rank-config-json", default=None, help="RANK:JSON extra keyword arguments on one rank only")
+p.add_argument("--signal-at", type=int, default=-1, help="rank 1 sends itself SIGUSR1 after this step")
+p.add_argument("--policy-loop", action="store_true", help="checkpoint when need_checkpoint() says; stop on should_exit()")
 p.add_argument("--scavenge", action="store_true", help="call scavenge() at the end, print SCAVENGED <step>")
 p.add_argument("--extra-array-on-rank", type=int, default=-1, help="this rank protects one more array")
 a = p.parse_args()
@@ -94,6 +96,19 @@ with ckpt:
         it[...] = step
         if step == a.crash_at and rank == a.crash_rank:
             os.kill(os.getpid(), signal.SIGKILL)
+        if step == a.signal_at and rank == min(1, comm.size - 1):
+            os.kill(os.getpid(), signal.SIGUSR1)
+        if a.policy_loop:
+            level = ckpt.need_checkpoint(step)
+            if level:
+                info = ckpt.checkpoint(step, level=level)
+                if rank == 0:
+                    say(f"CKPT {info.step} {info.level} {info.bytes}")
+            if ckpt.should_exit():
+                if rank == 0:
+                    say(f"STOPPED {step}")
+                break
+            continue
         if (step + 1) % a.every == 0:
             try:
                 info = ckpt.checkpoint(step, level=a.level)
