@@ -124,12 +124,9 @@ def build_parser():
     add_arguments(p)
     p.set_defaults(func=cmd_demo)
 
-    try:
-        from .cli_interval import add_subcommands
-    except ImportError:  # pragma: no cover
-        pass
-    else:
-        add_subcommands(sub)
+    from . import cli_interval, cli_slurm
+    cli_interval.add_subcommands(sub)
+    cli_slurm.add_subcommands(sub)
     return parser
 
 
