@@ -10,9 +10,10 @@ Options:
   --crash-once PATH              ... only if PATH does not exist yet (it is created first)
   --out DIR                      write the final arrays as rank_<r>_<name>.npy
 Rank 0 prints "RESTART_COUNT <n>", "RESTART <step|None>", "CKPT <step> <level>",
-"STOPPED <step>" (should_exit() was True), "DONE <last step>".
+"STOPPED <step> (<reason>)" (should_exit() was True), "DONE <last step>".
 """
 import argparse
+import faulthandler
 import os
 import signal
 import time
@@ -57,6 +58,9 @@ def main():
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
+    # A startup that hangs (seen rarely on the loaded test machine) dumps every thread's stack
+    # into the job output after 40 s, so a failing test shows where it stuck.
+    faulthandler.dump_traceback_later(40)
     from mpi4py import MPI
     import hpcckpt
     from hpcckpt import slurm
@@ -71,10 +75,9 @@ def main():
         for name, arr in arrays.items():
             ckpt.protect(name, arr)
         start = ckpt.restart()
-        wired = slurm.handler_installed()   # DEV FALLBACK until the Checkpointer handles stop requests
-        if not wired:
-            slurm.install_stop_handler()
-        stop = False
+        faulthandler.cancel_dump_traceback_later()
+        # Inside a SLURM job the Checkpointer installed the stop handler (stop_signals = "auto").
+        assert slurm.handler_installed() or not slurm.in_slurm()
         if rank == 0:
             say(f"RESTART_COUNT {slurm.restart_count()}")
             say(f"RESTART {start}")
@@ -87,16 +90,14 @@ def main():
                         open(a.crash_once, "w").close()
                     say(f"CRASH rank {rank} after step {step}")
                     os.kill(os.getpid(), signal.SIGKILL)
-            level = ckpt.need_checkpoint(step)
-            if not wired and comm.allreduce(slurm.stop_requested(), op=MPI.LOR):
-                level, stop = "pfs", True
+            level = ckpt.need_checkpoint(step)   # "pfs" on every rank once a stop was requested
             if level:
                 info = ckpt.checkpoint(step, level=level)
                 if rank == 0:
                     say(f"CKPT {info.step} {info.level}")
                     if a.ready_file and not os.path.exists(a.ready_file):
                         open(a.ready_file, "w").close()
-            if (stop if not wired else ckpt.should_exit()):
+            if ckpt.should_exit():
                 if rank == 0:
                     say(f"STOPPED {step} ({slurm.stop_reason()})")
                 break

@@ -1,0 +1,107 @@
+"""Real sbatch jobs on a running SLURM (jobs/local-slurm-setup.sh): the job templates of jobs/
+with the small deterministic application tests/slurm/app.py.
+
+Skipped when no cluster answers (failed instead when CI=true). Every wait has a timeout and
+every job still running at the end is cancelled (fixture slurm_jobs).
+"""
+import importlib.util
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from slurm_harness import APP, mpiexec_path
+
+pytestmark = pytest.mark.slurm
+N = 2000            # elements of u per rank
+RANKS = 4
+
+
+def _reference_module():
+    spec = importlib.util.spec_from_file_location("slurm_app", APP)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def assert_bitwise_equal_to_failure_free(out_dir, steps, job):
+    """The arrays every rank wrote equal a failure-free run, bit for bit."""
+    app = _reference_module()
+    for rank in range(RANKS):
+        want = app.reference(rank, N, steps)
+        for name, arr in want.items():
+            path = os.path.join(out_dir, f"rank_{rank}_{name}.npy")
+            assert os.path.exists(path), f"{path} missing\n{job}"
+            got = np.load(path)
+            assert got.dtype == arr.dtype and got.shape == arr.shape, f"rank {rank} {name}\n{job}"
+            assert got.tobytes() == arr.tobytes(), f"rank {rank} {name} differs from a failure-free run\n{job}"
+
+
+def test_walltime_signal_pfs_checkpoint_requeue_and_restart(slurm_jobs, tmp_path):
+    """USR1 to the batch shell -> final pfs checkpoint, clean exit, requeue; the second run
+    (SLURM_RESTART_COUNT=1) restarts from it (the cache was wiped) and ends bitwise equal."""
+    steps, out, ready = 150, tmp_path / "out", tmp_path / "ready"
+    app = f"{APP} --steps {steps} --every 10 --n {N} --step-sleep 0.04 --out {out} --ready-file {ready}"
+    job = slurm_jobs("walltime-requeue.sbatch", ["--nodes=2", "--ntasks-per-node=2"],
+                     APP=app, LAUNCH=f"{mpiexec_path()} -n {RANKS}")      # MPICH's hydra inside SLURM
+    job.wait_for_file(str(ready), timeout=120)       # the first checkpoint is taken: the app runs
+    proc = subprocess.run(["scancel", "--signal=USR1", "--batch", job.id], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    info = job.wait_done(timeout=180, restarts=1)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{job}"
+    assert info["Restarts"] == "1", f"{info}\n{job}"
+
+    assert job.lines("RESTART_COUNT") == ["0", "1"], job
+    restarts = job.lines("RESTART ")
+    stopped = job.lines("STOPPED")
+    pfs_ckpts = [int(s.split()[0]) for s in job.lines("CKPT") if s.endswith(" pfs")]
+    assert len(stopped) == 1 and len(pfs_ckpts) == 1, job
+    final = pfs_ckpts[0]
+    assert stopped[0].startswith(f"{final} "), job          # stopped right after the pfs checkpoint
+    assert final < steps - 1, job                           # ... before the end: the signal did it
+    assert restarts == ["None", str(final)], job            # run 2 restarted from it
+    assert job.lines("DONE") == [str(final), str(steps - 1)], job
+    assert os.listdir(tmp_path / "pfs"), "nothing written under pfs_dir"
+    assert_bitwise_equal_to_failure_free(out, steps, job)
+
+
+def test_restart_loop_relaunches_after_a_rank_dies(slurm_jobs, tmp_path):
+    """A rank killed inside the allocation: `hpcckpt run` relaunches (without the failed node)
+    and the job completes with the failure-free result."""
+    steps, out = 60, tmp_path / "out"
+    app = (f"{APP} --steps {steps} --every 10 --n {N} --crash-at 34 --crash-rank 3 "
+           f"--crash-once {tmp_path / 'crashed'} --out {out}")
+    job = slurm_jobs("restart-loop.sbatch", ["--nodes=3", "--ntasks-per-node=2"], APP=app, MAX_RESTARTS=2,
+                     RUN_OPTIONS="--exclude-failed-node --timeout 60")   # an attempt never hangs the test
+    info = job.wait_done(timeout=180)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{job}"
+    text = job.text()
+    assert "CRASH rank 3 after step 34" in text, job
+    assert "hpcckpt run: attempt 1 failed" in text and "hpcckpt run: attempt 2 succeeded" in text, job
+    assert job.lines("RESTART ") == ["None", "29"], job
+    assert job.lines("DONE") == [str(steps - 1)], job
+    excluded = [ln for ln in text.splitlines() if "excluding node(s)" in ln]
+    assert excluded, f"the failed node was not excluded\n{job}"
+    assert_bitwise_equal_to_failure_free(out, steps, job)
+
+
+def test_scavenge_leaves_the_newest_checkpoint_on_pfs(slurm_jobs, tmp_path):
+    """A job fails after local-only checkpoints; `hpcckpt scavenge` at its end copies the newest
+    one to pfs; a new job with an empty cache restarts from it and ends bitwise equal."""
+    steps, out = 60, tmp_path / "out"
+    app = f"{APP} --steps {steps} --every 10 --n {N} --crash-at 44 --crash-rank 2"
+    launch = f"{mpiexec_path()} -n {RANKS}"
+    job = slurm_jobs("scavenge.sbatch", ["--nodes=2", "--ntasks-per-node=2"], APP=app, LAUNCH=launch)
+    info = job.wait_done(timeout=150)
+    assert info["JobState"] == "FAILED", f"the application should have failed: {info}\n{job}"
+    assert job.lines("CKPT") == ["9 local", "19 local", "29 local", "39 local"], job
+    assert "hpcckpt scavenge: copied step 39" in job.text(), job
+
+    job2 = slurm_jobs("plain.sbatch", ["--nodes=2", "--ntasks-per-node=2"],
+                      APP=f"{APP} --steps {steps} --every 10 --n {N} --out {out}", LAUNCH=launch)
+    info = job2.wait_done(timeout=150)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{job2}"
+    assert job2.lines("RESTART ") == ["39"], job2           # a fresh cache: only pfs had it
+    assert job2.lines("DONE") == [str(steps - 1)], job2
+    assert_bitwise_equal_to_failure_free(out, steps, job2)
