@@ -42,7 +42,8 @@ class PartnerLevel:
                 storage.makedirs(self.cache.held_dir(step), self.cache.cfg.dir_mode)
                 return self._copy_paths(step, src)[0]
             return make
-        metas = exchange_files(self.comm, sends, [(s, path_for(s)) for s in sources], self.cache.cfg.io_chunk, deferred)
+        metas = exchange_files(self.comm, sends, [(s, path_for(s)) for s in sources], self.cache.cfg.io_chunk, deferred,
+                               self.cache.cfg.file_mode)
         for src, meta in metas.items():
             deferred.run(storage.atomic_write_json, self._copy_paths(step, src)[1], meta, self.cache.cfg.file_mode,
                          self.cache.cfg.cache_fsync)
@@ -94,7 +95,7 @@ class PartnerLevel:
                 storage.makedirs(self.cache.step_dir(step), self.cache.cfg.dir_mode)
                 return self.cache.data_path(step)
             recvs.append((holder_of[me], my_data_path))
-        metas = exchange_files(self.comm, sends, recvs, self.cache.cfg.io_chunk, deferred)
+        metas = exchange_files(self.comm, sends, recvs, self.cache.cfg.io_chunk, deferred, self.cache.cfg.file_mode)
         if me in holder_of:
             m = deferred.run(_parse_copy, metas[holder_of[me]], me, step, ckpt_id, holder_of[me])
             if m is not None:

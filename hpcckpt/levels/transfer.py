@@ -47,14 +47,14 @@ def read_range(fd, buf, offset):
     return done
 
 
-def exchange_files(comm, sends, recvs, chunk, deferred):
+def exchange_files(comm, sends, recvs, chunk, deferred, mode=0o600):
     """Collective: stream whole files between ranks.
 
     ``sends``: list of (dest_rank, meta, src_path, size) — ``meta`` is a small JSON-able object.
     ``recvs``: list of (source_rank, dst_path_for(meta) -> path). Every rank must know its own
     sends and recvs; the pairs must match across ranks (one file per (source, dest) pair).
     Returns {source_rank: meta} of what was received. The receiver writes each file with the
-    sender's size (truncated or extended) and mode 0600 unless storage says otherwise.
+    sender's size (truncated or extended), created with ``mode``.
     """
     # 1. metadata (small, pickled in flight only) and sizes
     reqs = [comm.isend((meta, size), dest=d, tag=TAG_META) for d, meta, _, size in sends]
@@ -68,7 +68,7 @@ def exchange_files(comm, sends, recvs, chunk, deferred):
     for s, path_for in recvs:
         meta, size = metas[s]
         path = deferred.run(path_for, meta)
-        fd = deferred.run(_open_for_write, path) if path else None
+        fd = deferred.run(_open_for_write, path, mode) if path else None
         recv_fds.append((fd, size))
     nsend = [-(-size // chunk) for _, _, _, size in sends]
     nrecv = [-(-size // chunk) for _, size in recv_fds]
@@ -105,5 +105,5 @@ def exchange_files(comm, sends, recvs, chunk, deferred):
     return {s: metas[s][0] for s, _ in recvs}
 
 
-def _open_for_write(path):
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+def _open_for_write(path, mode):
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, mode)

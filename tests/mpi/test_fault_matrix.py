@@ -1,0 +1,477 @@
+"""The fault-injection matrix: real mpiexec jobs, one fault each, one stated outcome each.
+
+Every case names its expected outcome — the set of steps restart() may return (``None``: no
+checkpoint is recoverable) — and the test checks that restart() returned one of them AND that
+the restored arrays are bitwise the state of that step (or untouched for None). Never wrong data;
+never a hang (every job runs under the harness timeout, which kills the process group).
+
+The application (apps/matrix_app.py) checkpoints every 5 steps (4, 9, 14, 19; keep = 2) and a
+rank is SIGKILLed at step 12, so checkpoints 4 and 9 are on disk. Virtual nodes: cache_dir =
+<root>/node{node}, ranks_per_node picks the placement; losing a node = deleting its directory.
+
+By default a representative subset runs (about 2-3 minutes on 2 cores); ``RELIABILITY_FULL=1``
+runs the whole cross product of levels x rank counts x faults (772 cases, hours on 2 cores). With
+``RELIABILITY_RECORD=tests/tools/results`` the outcomes are kept for docs/RELIABILITY.md
+(``python tests/tools/gen_reliability.py``).
+"""
+import glob
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import uuid
+
+import pytest
+
+from harness import run_mpi
+from reliability import FULL, check_restored, record
+from hpcckpt.topology import encoding_groups, partner_holders
+
+pytestmark = pytest.mark.mpi
+LEVELS = ("local", "partner", "xor", "rs", "pfs")
+PLACEMENTS = ((2, 1), (4, 1), (4, 2), (6, 1), (6, 2), (8, 1), (8, 2))
+GROUP, RS_M = 4, 2
+TIMEOUT = 120
+
+
+def base_dir():
+    root = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+    return os.path.join(root, f"hpcckpt-matrix-{uuid.uuid4().hex[:10]}")
+
+
+def job(nprocs, rpn, root, level, *args, env=None, config=None):
+    cfg = {"ranks_per_node": rpn, "group_size": GROUP, "rs_parity": RS_M}
+    cfg.update(config or {})
+    return run_mpi(nprocs, "matrix_app.py", "--cache", os.path.join(root, "node{node}"), "--level", level,
+                   "--config-json", json.dumps(cfg), *args, env=env, timeout=TIMEOUT)
+
+
+def step_of(res):
+    (value,) = res.lines("RESTART")
+    return None if value == "None" else int(value)
+
+
+# ---------------------------------------------------------------------- what should happen
+def cache_recoverable(level, node_of, lost_ranks, bad_data=(), bad_parity=(), bad_copy=()):
+    """Can the cache levels restore a step whose ranks ``lost_ranks`` lost everything (data,
+    manifest, held redundancy), ``bad_data`` lost their own data, ``bad_parity`` their parity or
+    encoded.json, ``bad_copy`` the partner copy of them? From the coding rules, not the code:
+    partner: every lost rank's holder survives with a good copy; xor/rs: no stripe of a group
+    loses more symbols than the group has parity (m = min(parity, k - 1))."""
+    lost = set(lost_ranks)
+    gone = lost | set(bad_data)
+    if not gone:
+        return True
+    if level in ("local", "pfs"):
+        return False
+    if level == "partner":
+        holders = partner_holders(node_of)
+        return all(holders[r] is not None and holders[r] not in lost and r not in bad_copy for r in gone)
+    parity = 1 if level == "xor" else RS_M
+    for g in encoding_groups(node_of, GROUP):
+        k = len(g)
+        m = min(parity, k - 1)
+        lost_data = [r in gone for r in g]
+        lost_par = [r in lost or r in bad_parity for r in g]
+        if not any(lost_data):
+            continue
+        if m == 0:
+            return False
+        for s in range(k):
+            if sum((lost_par if p < m else lost_data)[(s + p) % k] for p in range(k)) > m:
+                return False
+    return True
+
+
+# ---------------------------------------------------------------------- damage helpers
+def step_path(root, node, step=9):
+    return os.path.join(root, f"node{node}", "app", f"step_{step:010d}")
+
+
+def rank_file(root, rpn, rank, ext, step=9):
+    return os.path.join(step_path(root, rank // rpn, step), f"rank_{rank:06d}.{ext}")
+
+
+def held_file(root, rpn, holder, name, step=9):
+    return os.path.join(step_path(root, holder // rpn, step), f"held_{holder:06d}", name)
+
+
+def flip(path, offset=None, mask=0x40):
+    size = os.path.getsize(path)
+    offset = size // 2 if offset is None else offset
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ mask]))
+
+
+def flip_json_checksum(path, key=b'"checksum": '):
+    """Change one hex digit of the first checksum after ``key`` in a JSON file (damage that still parses)."""
+    text = open(path, "rb").read()
+    i = text.index(b'"', text.index(key) + len(key)) + 1
+    repl = b"0" if text[i:i + 1] != b"0" else b"1"
+    with open(path, "r+b") as f:
+        f.seek(i)
+        f.write(repl)
+
+
+def lose_nodes(root, nodes):
+    for n in nodes:
+        shutil.rmtree(os.path.join(root, f"node{n}"), ignore_errors=True)
+
+
+def lose_every_cache(root):
+    for d in glob.glob(os.path.join(root, "node*")):
+        shutil.rmtree(d)
+
+
+def pfs_step(root, step=9):
+    return os.path.join(root, "pfs", "app", f"step_{step:010d}")
+
+
+def flip_pfs_dataset(root, rank=1, node=0):
+    import h5py
+    path = os.path.join(pfs_step(root), f"node_{node:06d}.h5")
+    with h5py.File(path, "r") as f:
+        ds = f[f"rank_{rank:06d}/u"]
+        off = ds.id.get_offset() + ds.nbytes // 2
+    flip(path, off)
+
+
+# ---------------------------------------------------------------------- the cases
+class Case:
+    def __init__(self, kind, level, nprocs, rpn, fault, expected, damage=None, env=None, crash=True,
+                 default=False, errors=False, steps=20, note=""):
+        self.kind, self.level, self.nprocs, self.rpn = kind, level, nprocs, rpn
+        self.fault, self.expected, self.damage, self.env = fault, expected, damage, env
+        self.crash, self.default, self.errors, self.steps, self.note = crash, default, errors, steps, note
+
+    @property
+    def id(self):
+        return f"{self.level}-{self.nprocs}r{self.nprocs // self.rpn}n-{self.kind}"
+
+
+def node_of(nprocs, rpn):
+    return [r // rpn for r in range(nprocs)]
+
+
+def cases():
+    out = []
+    order = itertools.count()
+    default = {     # the representative subset run by default (CI); the rest: RELIABILITY_FULL=1
+        ("local", 4, 2): {"crash", "flip-data", "kill@commit", "kill@retire"},
+        ("partner", 4, 1): {"lose-node+partner", "kill@encode"},
+        ("xor", 8, 1): {"lose-2-diff-groups", "flip-parity+lose-member"},
+        ("xor", 4, 2): {"enospc@commit"},
+        ("rs", 6, 1): {"lose-3-same-group", "flip-parity+lose-member"},
+        ("pfs", 4, 2): {"kill@pfs-renamed", "flip-h5-dataset", "enospc@pfs-write"},
+    }
+    for level, (n, rpn) in itertools.product(LEVELS, PLACEMENTS):
+        nodes = node_of(n, rpn)
+        nn = max(nodes) + 1
+        if level in ("partner", "xor", "rs") and nn < 2:
+            continue
+        picked = default.get((level, n, rpn), set())
+        cs = []
+
+        def add(kind, expected, **kw):
+            cs.append(Case(kind, level, n, rpn, kw.pop("fault", kind), expected, default=kind in picked, **kw))
+
+        def after_loss(lost_ranks, **bad):
+            if level == "pfs":
+                return {9}
+            if cache_recoverable(level, nodes, lost_ranks, **bad):
+                return {9}
+            # step 4 lost the same nodes but its redundancy is intact
+            return {4} if bad and cache_recoverable(level, nodes, lost_ranks) else {None}
+
+        ranks_of = lambda ns: [r for r in range(n) if nodes[r] in ns]  # noqa: E731
+        add("crash", {9}, note="SIGKILL of one rank mid-compute")
+        add("lose-1-node", after_loss(ranks_of([1])), damage=("lose", [1]))
+        if level in ("partner", "xor", "rs"):
+            groups = encoding_groups(nodes, GROUP)
+            g0 = groups[0]
+            two = sorted({nodes[r] for r in g0})[:2]
+            add("lose-2-same-group", after_loss(ranks_of(two)), damage=("lose", two))
+            if len({nodes[r] for r in g0}) >= 3:
+                three = sorted({nodes[r] for r in g0})[:3]
+                add("lose-3-same-group", after_loss(ranks_of(three)), damage=("lose", three))
+            if len(groups) > 1:
+                diff = sorted({nodes[g0[0]], nodes[groups[1][-1]]})
+                if len(diff) == 2:
+                    add("lose-2-diff-groups", after_loss(ranks_of(diff)), damage=("lose", diff))
+            holders = partner_holders(nodes)
+            r = next((r for r in range(n) if holders[r] is not None and nodes[holders[r]] != nodes[r]), None)
+            if r is not None:
+                pair = sorted({nodes[r], nodes[holders[r]]})
+                add("lose-node+partner", after_loss(ranks_of(pair)), damage=("lose", pair))
+        # damage to one rank's files of step 9 (rank 1)
+        fallback = {4} if level == "local" else {9}
+        redundant = level in ("partner", "xor", "rs")
+        fixable = {9} if not redundant or cache_recoverable(level, nodes, [], bad_data=[1]) else {4}
+        for kind in ("flip-data", "truncate-data", "delete-data", "flip-manifest", "delete-manifest",
+                     "garbage-manifest"):
+            add(kind, fallback if level == "local" else fixable, damage=(kind, 1))
+        if level in ("xor", "rs") and n >= 2:
+            g = next(g for g in encoding_groups(nodes, GROUP) if len(g) > 1)
+            owner, member = g[0], g[1]
+            add("flip-parity", {9}, damage=("flip-parity", owner))
+            add("flip-parity+lose-member", after_loss(ranks_of([nodes[member]]), bad_parity=[owner])
+                if nodes[owner] != nodes[member] else {9}, damage=("flip-parity+lose", owner, nodes[member]))
+            add("flip-encoded.json+lose-member", after_loss(ranks_of([nodes[member]]), bad_parity=[owner])
+                if nodes[owner] != nodes[member] else {9}, damage=("flip-info+lose", owner, nodes[member]))
+        if level == "partner":
+            holders = partner_holders(nodes)
+            src = next(r for r in range(n) if holders[r] is not None)
+            add("flip-copy", {9}, damage=("flip-copy", src, holders[src]))
+            add("flip-copy+lose-owner", after_loss(ranks_of([nodes[src]]), bad_copy=[src]),
+                damage=("flip-copy+lose", src, holders[src]))
+        # kill the job at each phase of the checkpoint of step 9 (rank 1; retire: while removing 4)
+        phases = ["write", "written", "commit", "committed", "retire"]
+        if redundant:
+            phases.insert(2, "encode")
+        for ph in phases:
+            exp = {"committed": {4, 9}, "retire": {14}}.get(ph, {4})
+            add(f"kill@{ph}", exp, fault=f"{ph}:1:{4 if ph == 'retire' else 9}", crash=False)
+        # I/O errors mid-checkpoint on one rank: every rank raises, the app goes on (14 commits)
+        errs = [("enospc@write", "write"), ("enospc@commit", "commit")]
+        if redundant:
+            errs.append(("enospc@encode", "encode"))
+        if level == "pfs":
+            errs.append(("enospc@pfs-write", "pfs-write"))
+        for kind, ph in errs:
+            add(kind, {14}, fault=f"{ph}:{n - 1}:9:error", crash=False, errors=True)
+        if level == "pfs":
+            for ph in ("pfs-write", "pfs-written", "pfs-commit", "pfs-renamed"):
+                add(f"kill@{ph}", {4}, fault=f"{ph}:{0 if 'commit' in ph or 'renamed' in ph else 1}:9",
+                    crash=False, damage=("lose-all",), note="then every cache lost: pfs only")
+            for kind, exp in (("flip-h5-dataset", {4}), ("truncate-node-file", {4}), ("delete-node-file", {4}),
+                              ("flip-COMMITTED.json", {4}), ("delete-COMMITTED.json", {4}),
+                              ("flip-master", {9})):
+                add(kind, exp, damage=(kind,), note="every cache lost: pfs only")
+        for c in cs:
+            c.order = next(order)
+        out += cs
+    return out
+
+
+ALL_CASES = cases()
+
+
+def params():
+    for c in ALL_CASES:
+        marks = [] if c.default else [pytest.mark.slow]
+        if not c.default and not FULL:
+            marks.append(pytest.mark.skip(reason="full matrix: RELIABILITY_FULL=1"))
+        yield pytest.param(c, id=c.id, marks=marks)
+
+
+@pytest.fixture(scope="module")
+def crashed():
+    """Base states (kill one rank at step 12) per (level, nprocs, rpn), copied for each case."""
+    made, dirs = {}, []
+
+    def get(level, nprocs, rpn):
+        key = (level, nprocs, rpn)
+        if key not in made:
+            d = base_dir()
+            dirs.append(d)
+            res = job(nprocs, rpn, d, level, "--crash-at", 12, "--crash-rank", nprocs - 1)
+            assert res.returncode != 0 and "CKPT 9" in res.stdout, str(res)
+            made[key] = d
+        return made[key]
+    yield get
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def apply_damage(case, root):
+    d = case.damage
+    if d is None:
+        return
+    what, rpn = d[0], case.rpn
+    if what == "lose":
+        lose_nodes(root, d[1])
+    elif what == "lose-all":
+        lose_every_cache(root)
+    elif what == "flip-data":
+        flip(rank_file(root, rpn, d[1], "dat"))
+    elif what == "truncate-data":
+        path = rank_file(root, rpn, d[1], "dat")
+        os.truncate(path, os.path.getsize(path) - 8)
+    elif what == "delete-data":
+        os.unlink(rank_file(root, rpn, d[1], "dat"))
+    elif what == "flip-manifest":
+        flip_json_checksum(rank_file(root, rpn, d[1], "json"))
+    elif what == "delete-manifest":
+        os.unlink(rank_file(root, rpn, d[1], "json"))
+    elif what == "garbage-manifest":
+        with open(rank_file(root, rpn, d[1], "json"), "r+b") as f:
+            f.seek(10)
+            f.write(b"\x00garbage")
+    elif what == "flip-parity":
+        flip(held_file(root, rpn, d[1], "parity.dat"), 0)
+    elif what == "flip-parity+lose":
+        flip(held_file(root, rpn, d[1], "parity.dat"), 0)
+        lose_nodes(root, [d[2]])
+    elif what == "flip-info+lose":
+        flip_json_checksum(held_file(root, rpn, d[1], "encoded.json"), b'"parity_checksums": [')
+        lose_nodes(root, [d[2]])
+    elif what in ("flip-copy", "flip-copy+lose"):
+        src, holder = d[1], d[2]
+        flip(held_file(root, rpn, holder, f"partner_{src:06d}.dat"))
+        if what == "flip-copy+lose":
+            lose_nodes(root, [src // rpn])
+    else:   # pfs damage, with every cache lost
+        lose_every_cache(root)
+        s = pfs_step(root)
+        if what == "flip-h5-dataset":
+            flip_pfs_dataset(root)
+        elif what == "truncate-node-file":
+            p = os.path.join(s, "node_000000.h5")
+            os.truncate(p, os.path.getsize(p) - 100)
+        elif what == "delete-node-file":
+            os.unlink(os.path.join(s, "node_000000.h5"))
+        elif what == "flip-COMMITTED.json":
+            flip_json_checksum(os.path.join(s, "COMMITTED.json"))
+        elif what == "delete-COMMITTED.json":
+            os.unlink(os.path.join(s, "COMMITTED.json"))
+        elif what == "flip-master":
+            flip(os.path.join(s, "checkpoint.h5"))
+        else:
+            raise AssertionError(what)
+
+
+@pytest.mark.parametrize("case", params())
+def test_fault(case, crashed, tmp_path):
+    n, rpn, level = case.nprocs, case.rpn, case.level
+    root = base_dir()
+    try:
+        fail_lines = []
+        if case.crash:
+            shutil.copytree(crashed(level, n, rpn), root, symlinks=True)
+        else:   # a run of its own with the fault injected
+            args = ["--crash-at", 16 if case.errors else -1, "--crash-rank", 0]
+            res = job(n, rpn, root, level, *args, env={"_HPCCKPT_FAULT": case.fault})
+            assert res.returncode != 0, f"the fault {case.fault} did not stop the job:\n{res}"
+            if case.errors:
+                fail_lines = res.lines("CKPTFAIL")
+                assert len(fail_lines) == n, str(res)           # raised on every rank
+                assert all(f.startswith("9 CheckpointWriteError") for f in fail_lines), str(res)
+                assert "CKPT 14" in res.stdout, str(res)          # and the app went on
+                if level != "pfs":                              # no rank kept a piece of step 9
+                    assert not glob.glob(os.path.join(root, "node*", "app", "step_0000000009", "rank_*")), \
+                        os.listdir(os.path.join(root, "node0", "app"))
+        apply_damage(case, root)
+        res = job(n, rpn, root, level, "--steps", 0, "--restored", tmp_path / "restored",
+                  env={"HPCCKPT_LOG_LEVEL": "INFO"})
+        assert res.returncode == 0, str(res)
+        got = step_of(res)
+        wrong = check_restored(tmp_path / "restored", n, got)
+        warnings = [ln.split("WARNING: ", 1)[1] for ln in res.stderr.splitlines() if "WARNING: " in ln
+                    and "cannot survive" not in ln]
+        via = ("pfs" if "from pfs" in res.stderr else "rebuilt" if "rebuilt rank" in res.stderr
+               else "cache" if got is not None else "-")
+        record("fault_matrix", {
+            "case": case.id, "order": case.order, "level": level, "ranks": n, "nodes": n // rpn + (n % rpn > 0),
+            "fault": case.kind, "expected": sorted(case.expected, key=str), "observed": got, "via": via,
+            "ok": wrong is None and got in case.expected, "note": case.note,
+            "message": (fail_lines[0].split(" ", 2)[2][:160] if fail_lines else (warnings[0][:160] if warnings else "")),
+        })
+        assert wrong is None, wrong
+        assert got in case.expected, f"restart() returned {got}, expected one of {case.expected}\n{res}"
+        if got is None:
+            assert warnings, "a None restart must say why"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- real full disks, read-only pfs
+def _mount(args, target):
+    os.makedirs(target, exist_ok=True)
+    r = subprocess.run(["mount", *args, target], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount ({' '.join(args)}): {r.stderr.strip() or r.stdout.strip()} (needs root)")
+
+
+def _umount(target):
+    subprocess.run(["umount", "-l", target], capture_output=True)
+
+
+_FULL_ONLY = [pytest.mark.slow] + ([] if FULL else [pytest.mark.skip(reason="full matrix: RELIABILITY_FULL=1")])
+
+
+@pytest.mark.parametrize("level", ["local", "xor", pytest.param("partner", marks=_FULL_ONLY),
+                                   pytest.param("pfs", marks=_FULL_ONLY)])
+def test_real_enospc_on_a_small_tmpfs(level, tmp_path):
+    """A 2 MiB tmpfs filled up by another file mid-run: the checkpoint fails on every rank with
+    CheckpointWriteError, the previous one stays restorable, and once the file is gone the
+    application checkpoints again."""
+    n, rpn = 4, 1
+    mnt = str(tmp_path / "small")
+    _mount(["-t", "tmpfs", "-o", "size=2m", "tmpfs"], mnt)
+    try:
+        root = str(tmp_path / "r")
+        cache = os.path.join(mnt if level != "pfs" else root, "node{node}")
+        pfs = os.path.join(mnt if level == "pfs" else root, "pfs")
+        ballast = os.path.join(mnt, "ballast")
+        cfg = json.dumps({"ranks_per_node": rpn, "group_size": GROUP, "rs_parity": RS_M})
+        common = ["--cache", cache, "--pfs", pfs, "--level", level, "--config-json", cfg]
+        res = run_mpi(n, "matrix_app.py", *common, "--fill", f"{ballast}:12", "--crash-at", 16,
+                      timeout=TIMEOUT)
+        fails = res.lines("CKPTFAIL")
+        assert res.returncode != 0 and len(fails) == n, str(res)
+        assert all(f.startswith("14 CheckpointWriteError") for f in fails), str(res)
+        assert "No space left" in fails[0], str(res)
+        if level == "pfs":        # the cache committed 14; pfs must still hold 9
+            shutil.rmtree(os.path.join(root, "node0"))
+        res = run_mpi(n, "matrix_app.py", *common, "--steps", 25, "--fill", f"{ballast}:-1", "--unfill-at-start", "--restored",
+                      tmp_path / "restored", env={"HPCCKPT_LOG_LEVEL": "INFO"}, timeout=TIMEOUT)
+        assert res.returncode == 0, str(res)
+        got = step_of(res)
+        wrong = check_restored(tmp_path / "restored", n, got)
+        went_on = [ln for ln in res.lines("CKPT") if ln.split()[0] in ("14", "19", "24")]
+        record("fault_matrix", {
+            "case": f"{level}-{n}r{n // rpn}n-real-ENOSPC", "order": 10000, "level": level, "ranks": n,
+            "nodes": n // rpn, "fault": "tmpfs full (2 MiB) at checkpoint 14", "expected": [9], "observed": got,
+            "via": "pfs" if level == "pfs" else "cache", "ok": wrong is None and got == 9 and len(went_on) == 3,
+            "note": "then the file is removed: checkpoints 14, 19, 24 succeed", "message": fails[0].split(" ", 2)[2][:160]})
+        assert wrong is None, wrong
+        assert got == 9 and len(went_on) == 3, str(res)
+    finally:
+        _umount(mnt)
+
+
+def test_read_only_pfs_dir(tmp_path):
+    """pfs_dir read-only (a read-only bind mount: chmod does not stop root): restart from pfs
+    works, new pfs checkpoints fail on every rank with a clear error, nothing hangs."""
+    n, rpn = 4, 2
+    root = str(tmp_path / "r")
+    cfg = json.dumps({"ranks_per_node": rpn})
+    common = ["--cache", os.path.join(root, "node{node}"), "--level", "pfs", "--config-json", cfg]
+    res = run_mpi(n, "matrix_app.py", *common, "--crash-at", 12, timeout=TIMEOUT)
+    assert res.returncode != 0 and "CKPT 9" in res.stdout, str(res)
+    lose_every_cache(root)
+    pfs = os.path.join(root, "pfs")
+    _mount(["--bind", pfs], pfs)
+    try:
+        r = subprocess.run(["mount", "-o", "remount,bind,ro", pfs], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot remount read-only: {r.stderr.strip()}")
+        res = run_mpi(n, "matrix_app.py", *common, "--steps", 15, "--restored", tmp_path / "restored",
+                      timeout=TIMEOUT)
+        assert res.returncode == 0, str(res)
+        got = step_of(res)
+        wrong = check_restored(tmp_path / "restored", n, got)
+        fails = res.lines("CKPTFAIL")
+        record("fault_matrix", {
+            "case": f"pfs-{n}r{n // rpn}n-read-only-pfs_dir", "order": 10001, "level": "pfs", "ranks": n,
+            "nodes": n // rpn, "fault": "pfs_dir read-only, every cache lost", "expected": [9], "observed": got,
+            "via": "pfs", "ok": wrong is None and got == 9 and len(fails) == n,
+            "note": "restore reads; the next pfs checkpoint fails on every rank", "message": fails[0].split(" ", 2)[2][:160] if fails else ""})
+        assert wrong is None and got == 9, str(res)
+        assert len(fails) == n and all("Read-only file system" in f for f in fails), str(res)
+    finally:
+        _umount(pfs)
