@@ -1,6 +1,6 @@
 """Throughput of the hpcckpt.codecs kernels against NumPy, zfec and ISA-L (via pyeclib).
 
-    python benchmarks/bench_codecs.py [--quick] [--out benchmarks/results/codecs.json]
+    python benchmarks/bench_codecs.py [--quick] [--out FILE]   (default benchmarks/results/codecs.json)
 
 GB/s = 1e9 bytes/s of *data input* (k x block bytes) per second, median of several
 repetitions after one warm-up call (which also compiles the Numba kernels); buffers are filled
@@ -11,7 +11,6 @@ object as one bytes string and returns k + m fragments with headers (its copies 
 it costs a caller), while zfec and hpcckpt take the k blocks separately.
 """
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -22,7 +21,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numba  # noqa: E402
+from common import ANCHOR_ISAL, ANCHOR_XOR_FUSED, ANCHOR_ZFEC, say, write_json  # noqa: E402
 from hpcckpt import codecs as C  # noqa: E402
 
 MiB = 1 << 20
@@ -143,36 +144,57 @@ def bench_rs(results, block, reps, k=4, m=2, numpy_ref=True):
             skip(results, f"rs {k}+{m} isa-l (pyeclib)", block, f"{type(e).__name__}: {e}")
 
 
+def summarize(results):
+    """The figures the targets are about: XOR vs the Numba-fused anchor, RS encode vs zfec and ISA-L."""
+    by = {(r["name"], r["block_bytes"] // MiB): r.get("gbps_median") for r in results}
+    out = {}
+    for mib in sorted({b for _, b in by}):
+        g = lambda n: by.get((n, mib))  # noqa: E731
+        row = {"xor_fused_gbps": g("xor k=4 hpcckpt fused"), "xor_numpy_gbps": g("xor k=4 numpy chained"),
+               "rs_encode_gbps": g("rs 4+2 encode hpcckpt"), "rs_encode_threads2_gbps": g("rs 4+2 encode hpcckpt threads=2"),
+               "rs_encode_zfec_gbps": g("rs 4+2 encode zfec"), "rs_encode_isal_gbps": g("rs 4+2 encode isa-l (pyeclib)"),
+               "rs_decode_gbps": g("rs 4+2 decode 2 lost hpcckpt"), "rs_decode_zfec_gbps": g("rs 4+2 decode 2 lost zfec"),
+               "rs_decode_isal_gbps": g("rs 4+2 decode 2 lost isa-l (pyeclib)")}
+        anchor = ANCHOR_XOR_FUSED.get(mib)
+        if anchor and row["xor_fused_gbps"]:
+            row["xor_fraction_of_anchor_fused"] = row["xor_fused_gbps"] / anchor
+            row["anchor_xor_fused_gbps"] = anchor
+        for other in ("zfec", "isal"):
+            if row["rs_encode_gbps"] and row[f"rs_encode_{other}_gbps"]:
+                row[f"rs_encode_x_{other}"] = row["rs_encode_gbps"] / row[f"rs_encode_{other}_gbps"]
+        row["anchor_zfec_gbps"], row["anchor_isal_gbps"] = ANCHOR_ZFEC.get(mib), ANCHOR_ISAL.get(mib)
+        out[str(mib)] = row
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="16 MiB blocks only")
-    ap.add_argument("--out", default="benchmarks/results/codecs.json")
+    ap.add_argument("--out", default=None, help="default benchmarks/results/codecs.json")
     args = ap.parse_args(argv)
 
-    sizes = [(16 * MiB, 5)] if args.quick else [(64 * MiB, 7), (512 * MiB, 3)]
+    sizes = [(16 * MiB, 3)] if args.quick else [(64 * MiB, 5), (512 * MiB, 3)]
     info = {
-        "cpu_model": cpu_model(), "nproc": os.cpu_count(), "machine": platform.machine(),
-        "python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
         "numba_threads": numba.get_num_threads(), "loadavg_start": os.getloadavg(),
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "command": " ".join(["python", "benchmarks/bench_codecs.py"] + (argv if argv is not None else sys.argv[1:])),
     }
-    for mod in ("zfec", "pyeclib"):
-        try:
-            info[mod] = getattr(__import__(mod), "__version__", "installed")
-        except Exception as e:  # noqa: BLE001
-            info[mod] = f"unavailable: {e}"
     results = []
-    print(f"{info['cpu_model']}, {info['nproc']} cpus, numpy {info['numpy']}, numba {info['numba']}")
+    say(f"codecs: {cpu_model()}, {os.cpu_count()} cpus, numpy {np.__version__}, numba {numba.__version__}")
     for block, reps in sizes:
-        print(f"block {block // MiB} MiB")
+        say(f"codecs: block {block // MiB} MiB, XOR k=4 and RS 4+2 (hpcckpt, NumPy, zfec, ISA-L)")
         bench_xor(results, block, reps)
         bench_rs(results, block, reps, numpy_ref=block <= 64 * MiB)
     info["loadavg_end"] = os.getloadavg()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"machine": info, "unit": "GB/s = 1e9 data-input bytes (k x block) per second",
-                   "results": results}, f, indent=2)
-    print(f"wrote {args.out}")
+    summary = summarize(results)
+    for mib, row in summary.items():
+        say(f"  {mib} MiB: xor {row['xor_fused_gbps']:.2f} GB/s"
+            + (f" ({row['xor_fraction_of_anchor_fused']:.0%} of the fused anchor)" if "xor_fraction_of_anchor_fused" in row else "")
+            + f"; rs encode {row['rs_encode_gbps']:.2f} GB/s"
+            + "".join(f", {row[f'rs_encode_x_{o}']:.1f}x {o}" for o in ("zfec", "isal") if f"rs_encode_x_{o}" in row))
+    path = write_json("codecs", {**info, "unit": "GB/s = 1e9 data-input bytes (k x block) per second",
+                                 "summary": summary, "results": results}, args.out)
+    say(f"wrote {path}")
+    return path
 
 
 if __name__ == "__main__":

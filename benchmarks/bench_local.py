@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import MiB, median, run_mpi, write_json  # noqa: E402
+from common import MiB, median, run_mpi, say, write_json  # noqa: E402
 
 FTI_L1 = {64: 466.0, 256: 450.0}   # MiB/s aggregate, 4 ranks
 
@@ -93,24 +93,25 @@ def worker(a):
         print("RESULT " + json.dumps(res))
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--sizes", default="64,256", help="MiB per rank, comma-separated")
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--dir", default="/dev/shm/hpcckpt-bench")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--dir", default=f"/dev/shm/hpcckpt-bench-local-{os.getpid()}")
     p.add_argument("--quick", action="store_true", help="16 MiB per rank, 3 repetitions")
     p.add_argument("--out", default=None)
     p.add_argument("--io-chunk", default="1MiB", help="Checkpointer io_chunk (default 1MiB)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--size", type=int, help=argparse.SUPPRESS)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     if a.worker:
         return worker(a)
     if a.quick:
         a.sizes, a.reps = "16", 3
     rows = []
     for size in [int(s) for s in a.sizes.split(",")]:
+        say(f"integrity / L1: {a.ranks} ranks x {size} MiB, local checkpoints with and without checksums")
         shutil.rmtree(a.dir, ignore_errors=True)
         try:
             out = run_mpi(a.ranks, [os.path.abspath(__file__), "--worker", "--size", str(size), "--reps",
@@ -135,8 +136,10 @@ def main():
               f"{m['limit_overwrite']:.0f} MiB/s; checkpoint = {row['checkpoint_fraction_of_limit_overwrite']:.0%} of "
               f"the overwrite limit; integrity {row['integrity_share']:.1%} of the checkpoint time"
               + (f"; {row['speedup_vs_fti']:.1f}x FTI" if "speedup_vs_fti" in row else ""), flush=True)
-    path = write_json("local", {"rows": rows, "command": " ".join(sys.argv)}, a.out)
-    print(f"wrote {path}")
+    path = write_json("local", {"rows": rows, "command": " ".join(["python", "benchmarks/bench_local.py"]
+                                                                 + (argv if argv is not None else sys.argv[1:]))}, a.out)
+    say(f"wrote {path}")
+    return path
 
 
 if __name__ == "__main__":

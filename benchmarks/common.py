@@ -1,15 +1,40 @@
-"""Shared helpers of the benchmark scripts: machine description, JSON output, mpiexec."""
+"""Shared helpers of the benchmark scripts: machine description, JSON output, mpiexec, the
+limits every result is compared against, FTI's figures (../shared/ANCHORS.md) and a progress line.
+
+Conventions of every script: time = the slowest rank between two barriers; aggregate bandwidth
+= ranks x bytes per rank / time; MiB/s = 2**20 bytes/s, GB/s = 1e9 bytes/s; medians.
+"""
+import glob
 import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 MiB = 1 << 20
+SHM = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+DISK = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()   # pfs_dir lives on disk, never tmpfs
+
+# FTI 1.6 on this machine (ANCHORS.md): 4 ranks, aggregate MiB/s at 64 and 256 MiB per rank.
+# FTI has no XOR level: its erasure-coded level is L3 (Reed-Solomon); xor is compared to it.
+FTI_MIB_S = {"local": {64: 466.0, 256: 450.0}, "partner": {64: 328.0, 256: 170.0},
+             "rs": {64: 121.0, 256: 102.0}, "xor": {64: 121.0, 256: 102.0},
+             "pfs": {64: 162.0, 256: 216.0}}
+FTI_LEVEL_NAME = {"local": "L1", "partner": "L2", "xor": "L3 (RS)", "rs": "L3", "pfs": "L4"}
+# FTI recovery (init + read), 256 MiB per rank, 4 ranks; L2 and L3 after losing a node.
+FTI_RECOVERY_S = {"local": 2.1, "partner": 4.9, "rs": 16.9, "xor": 16.9, "pfs": 2.7}
+# Single-process kernel figures (GB/s of data input) from ANCHORS.md, by block MiB.
+ANCHOR_XOR_FUSED = {64: 13.4, 512: 10.0}
+ANCHOR_XOR_NUMPY = {64: 7.8, 512: 5.8}          # NumPy chained, same table
+ANCHOR_ZFEC = {64: 0.47, 512: 0.45}
+ANCHOR_ISAL = {64: 0.53, 512: 0.52}
 
 
 def machine():
@@ -22,20 +47,24 @@ def machine():
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     versions = {}
-    for mod in ("numpy", "numba", "mpi4py", "h5py", "xxhash"):
+    for mod in ("numpy", "numba", "mpi4py", "h5py", "xxhash", "zfec", "pyeclib"):
         try:
-            versions[mod] = __import__(mod).__version__
+            m = __import__(mod)
+            versions[mod] = getattr(m, "__version__", None) or getattr(m, "VERSION", None) or "installed"
         except Exception:
             versions[mod] = None
     return {"cpu": cpu, "nproc": os.cpu_count(), "memory_bytes": mem, "python": platform.python_version(),
-            "platform": platform.platform(), "versions": versions,
+            "platform": platform.platform(), "versions": versions, "loadavg": list(os.getloadavg()),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def write_json(name, payload, out=None):
-    """Write ``payload`` (plus the machine description) to benchmarks/results/<name>.json or ``out``."""
+    """Write ``payload`` (plus the machine description) to benchmarks/results/<name>.json or ``out``
+    (a file, or a directory that gets <name>.json)."""
     path = out or os.path.join(RESULTS, f"{name}.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.isdir(path):
+        path = os.path.join(path, f"{name}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     payload = {"benchmark": name, "machine": machine(), **payload}
     with open(path, "w") as f:
         json.dump(payload, f, indent=1)
@@ -46,15 +75,148 @@ def median(values):
     return statistics.median(values)
 
 
+def say(msg):
+    """One progress line (flushed), prefixed with the wall-clock time."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------- mpiexec
 def mpiexec():
     local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     return local if os.path.exists(local) else shutil.which("mpiexec")
 
 
-def run_mpi(nprocs, args, timeout=600):
-    """Run ``python <args>`` on ``nprocs`` ranks; return stdout (raise on failure)."""
+def _mpich_shm():
+    return set(glob.glob(os.path.join(SHM, "mpich_shm_*")))
+
+
+def _mapped_anywhere(paths):
+    """The subset of ``paths`` that some live process (of ours) still maps or holds open."""
+    used = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                text = f.read()
+        except OSError:
+            continue
+        used.update(p for p in paths if p in text)
+    return used
+
+
+def cleanup_mpich_shm(before):
+    """Remove the /dev/shm/mpich_shm_* files that appeared since ``before`` and nobody maps."""
+    new = _mpich_shm() - before
+    for path in new - _mapped_anywhere(new):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def env_for_jobs():
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env.setdefault("NUMBA_CACHE_DIR", os.path.join(root, ".numba-cache"))
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def run_mpi(nprocs, args, timeout=900, env=None):
+    """Run ``python <args>`` on ``nprocs`` ranks; return stdout (raise on failure). On a timeout
+    the whole process group is killed; MPICH shm files the job left behind are removed."""
     cmd = [mpiexec(), "-n", str(nprocs), sys.executable, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    before = _mpich_shm()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True, env=env or env_for_jobs())
+    def stop(*_):
+        raise KeyboardInterrupt("terminated")
+    old = signal.signal(signal.SIGTERM, stop) if threading.current_thread() is threading.main_thread() else None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        cleanup_mpich_shm(before)
+        raise SystemExit(f"benchmark run timed out after {timeout} s: {' '.join(cmd)}")
+    except BaseException:           # Ctrl-C, SIGTERM: the job (its own session) goes too
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        cleanup_mpich_shm(before)
+        raise
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+    cleanup_mpich_shm(before)
     if proc.returncode != 0:
-        raise SystemExit(f"benchmark run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
-    return proc.stdout
+        raise SystemExit(f"benchmark run failed ({proc.returncode}): {' '.join(cmd)}\n{err[-3000:]}")
+    return out
+
+
+def result_line(out):
+    """The JSON after 'RESULT ' that rank 0 of a worker prints."""
+    return json.loads(next(ln[7:] for ln in out.splitlines() if ln.startswith("RESULT ")))
+
+
+# ---------------------------------------------------------------------- inside a worker (MPI)
+def timed(comm, fn):
+    """Slowest rank's time of ``fn()`` started together after a barrier (collective)."""
+    from mpi4py import MPI
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    t = time.perf_counter() - t0
+    return comm.allreduce(t, op=MPI.MAX)
+
+
+def write_file(data, path, flags, fsync=False, chunk=1 << 20):
+    """Write ``data``'s bytes to ``path`` with plain os.write (the raw limit), optionally fsynced."""
+    fd = os.open(path, flags, 0o600)
+    try:
+        view = memoryview(data).cast("B")
+        for s in range(0, len(view), chunk):
+            os.write(fd, view[s:s + chunk])
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+LIMITS = ("memcpy", "tmpfs_new", "tmpfs_overwrite", "disk_fsync", "mpi_ring")
+
+
+def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS):
+    """Every rank at once, ``reps`` samples each (seconds of the slowest rank):
+    memcpy into a touched buffer, a new / an overwritten tmpfs file, a new disk file + fsync,
+    and an MPI ring (Sendrecv to rank+1 from rank-1) of the whole buffer. ``scratch`` is a
+    touched buffer the size of ``data``."""
+    import numpy as np
+    res = {k: [] for k in which}
+    r = comm.rank
+    shm = os.path.join(shm_dir, f"limit_{r}.dat")
+    disk = os.path.join(disk_dir, f"limit_{r}.dat")
+    for _ in range(reps):
+        if "memcpy" in res:
+            res["memcpy"].append(timed(comm, lambda: np.copyto(scratch, data)))
+        if "tmpfs_new" in res or "tmpfs_overwrite" in res:
+            if os.path.exists(shm):
+                os.unlink(shm)
+            t = timed(comm, lambda: write_file(data, shm, os.O_WRONLY | os.O_CREAT))
+            if "tmpfs_new" in res:
+                res["tmpfs_new"].append(t)
+            if "tmpfs_overwrite" in res:
+                res["tmpfs_overwrite"].append(timed(comm, lambda: write_file(data, shm, os.O_WRONLY)))
+            os.unlink(shm)
+        if "disk_fsync" in res:
+            res["disk_fsync"].append(timed(comm, lambda: write_file(data, disk, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                                                                   fsync=True)))
+            os.unlink(disk)
+        if "mpi_ring" in res and comm.size > 1:
+            dst, src = (r + 1) % comm.size, (r - 1) % comm.size
+            res["mpi_ring"].append(timed(comm, lambda: comm.Sendrecv(data, dst, 7, scratch, src, 7)))
+    return {k: v for k, v in res.items() if v}
+
+
+def summarize(samples, total_mib):
+    """{key: samples} -> {"seconds": medians, "mib_s": aggregate bandwidth, "samples": ...}."""
+    sec = {k: median(v) for k, v in samples.items() if v}
+    return {"seconds": sec, "mib_s": {k: total_mib / t for k, t in sec.items()}, "samples": samples}

@@ -27,7 +27,7 @@ def test_quick_suite_writes_json(tmp_path):
     env = dict(os.environ)
     env.setdefault("NUMBA_CACHE_DIR", os.path.join(ROOT, ".numba-cache"))
     proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name, keys in EXPECTED.items():
         with open(tmp_path / f"{name}.json") as f:
