@@ -344,7 +344,7 @@ def apply_damage(case, root):
             raise AssertionError(what)
 
 
-@pytest.mark.parametrize("case", params())
+@pytest.mark.parametrize("case", list(params()))
 def test_fault(case, crashed, tmp_path):
     n, rpn, level = case.nprocs, case.rpn, case.level
     root = base_dir()
