@@ -624,12 +624,7 @@ class PfsStore:
         from h5py import h5d
         name = lay.node_file(node)
         path = os.path.join(self.step_dir(index.step), name)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{path}: missing") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptCheckpointError(f"{path}: not a regular file")
+        st = _regular_file(path)
         if st.st_size != index.files.get(name):
             raise CorruptCheckpointError(f"{path}: size {st.st_size} bytes, the index says {index.files.get(name)} "
                                          f"({'truncated' if st.st_size < (index.files.get(name) or 0) else 'changed'})")
@@ -750,12 +745,7 @@ class PfsStore:
         """Local (rank 0): the master file matches the index and points only at node files."""
         import h5py
         path = os.path.join(self.step_dir(index.step), MASTER)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{path}: missing") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptCheckpointError(f"{path}: not a regular file")
+        _regular_file(path)
         try:
             with h5py.File(path, "r", locking=False) as f:
                 _check_root_attrs(f, index, FORMAT, path)
@@ -881,6 +871,17 @@ def _check_root_attrs(f, index, fmt, path):
     for key, want in (("name", index.name), ("ckpt_id", index.ckpt_id), ("checksum_algorithm", ALGORITHM)):
         if _attr_str(f, key, path) != want:
             raise CorruptCheckpointError(f"{path}: attribute {key} is {f.attrs.get(key)!r}, the index says {want!r}")
+
+
+def _regular_file(path):
+    """Local: lstat of ``path``; CorruptCheckpointError unless it is a regular file (no links)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"{path}: missing") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CorruptCheckpointError(f"{path}: not a regular file")
+    return st
 
 
 def _check_link(link, want_file, want_path, path):
