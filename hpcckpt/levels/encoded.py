@@ -19,10 +19,11 @@ from mpi4py import MPI
 from .. import faults, manifest as mf, storage
 from ..codecs import gf256
 from ..codecs.checksum import new_hasher
-from ..codecs.rs import gf_mul_xor_into, rs_parity_matrix
+from ..codecs.rs import rs_parity_matrix
 from ..errors import HpcCkptError
 from ..topology import encoding_groups
-from .transfer import Deferred, read_range
+from .combine import Buffers, gather_combine, map_range
+from .transfer import Deferred
 
 FORMAT = "hpcckpt-encoded"
 
@@ -46,6 +47,7 @@ class EncodedLevel:
         self.groups = encoding_groups(topology.node_of, cache.cfg.group_size)
         self.group = next(g for g in self.groups if comm.rank in g)
         self._gcomm = None
+        self._buffers = Buffers()
 
     def _paths(self, step):
         held = self.cache.held_dir(step)
@@ -76,35 +78,38 @@ class EncodedLevel:
         per_piece = -(-max(sizes) // kd)
         piece = max(8, (per_piece + 7) // 8 * 8)
         coef = code_matrix(kd, m)
-        seg = min(piece, self._segment())
-        send = np.zeros(k * m * seg, np.uint8)
-        recv = np.empty(m * seg, np.uint8)
-        data = np.empty(seg, np.uint8)
-        hashers = [new_hasher() for _ in range(m)]
         parity_path, _ = self._paths(step)
-        fd_in = deferred.run(os.open, self.cache.data_path(step), os.O_RDONLY | os.O_NOFOLLOW)
+        data = deferred.run(map_range, self.cache.data_path(step), 0, sizes[pos])
         deferred.run(storage.makedirs, self.cache.held_dir(step), self.cache.cfg.dir_mode)
         fd_out = deferred.run(os.open, parity_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, self.cache.cfg.file_mode)
         deferred.run(faults.hit, "encode", self.comm.rank, step)   # test hook: kill/ENOSPC mid-encoding
-        for off in range(0, piece, seg):
-            n = min(seg, piece - off)
-            sb = send[:k * m * n].reshape(k, m, n)
-            sb.fill(0)
-            for q in range(kd):               # my data piece q is data symbol q of stripe s
-                s = (pos - m - q) % k
-                if fd_in is not None:
-                    deferred.run(read_range, fd_in, data[:n], q * piece + off)
-                gf_mul_xor_into([sb[(s + j) % k, j] for j in range(m)], coef[:, q], data[:n])
-            rb = recv[:m * n].reshape(m, n)
-            gcomm.Reduce_scatter_block([sb.view(np.uint64), MPI.UINT64_T], [rb.view(np.uint64), MPI.UINT64_T],
-                                       op=MPI.BXOR)
-            for j in range(m):
-                hashers[j].update(rb[j])
+
+        def valid(r, q):   # bytes of data piece q of group position r (the rest is zero padding)
+            return max(0, min(piece, sizes[r] - q * piece))
+
+        sends = []         # my data piece q is data symbol q of stripe s; its parity owners need it
+        for q in range(kd):
+            s = (pos - m - q) % k
+            source = None if data is None else data[q * piece:q * piece + valid(pos, q)]
+            sends += [(stripe_symbol_owner(k, s, j), j, source, valid(pos, q)) for j in range(m)]
+        hashers = [new_hasher() for _ in range(m)]
+
+        def sink(j):
+            def write(off, view):
+                hashers[j].update(view)
                 if fd_out is not None:
-                    deferred.run(storage.pwrite_all, fd_out, rb[j], j * piece + off)
-        for fd in (fd_in, fd_out):
-            if fd is not None:
-                os.close(fd)
+                    deferred.run(storage.pwrite_all, fd_out, view, j * piece + off)
+            return write
+        outputs = []       # I keep parity j of stripe pos - j: combine that stripe's data symbols
+        for j in range(m):
+            s = (pos - j) % k
+            owners = [stripe_symbol_owner(k, s, p) for p in range(m, k)]
+            outputs.append((j, [(r, valid(r, q), coef[j, q]) for q, r in enumerate(owners)], sink(j)))
+        gather_combine(gcomm, piece, self._segment(), sends, outputs, self._buffers)
+        del data, sends
+        if fd_out is not None:
+            deferred.run(os.ftruncate, fd_out, m * piece)
+            os.close(fd_out)
         self._write_info(deferred, step, manifest.ckpt_id, group, pos, m, piece, sizes, manifests,
                          [h.hexdigest() for h in hashers])
         deferred.raise_if_any()
@@ -186,54 +191,52 @@ class EncodedLevel:
             inv = gf256.gf_matinv(gen[[code_index(p) for p in used]])
             coeffs = gf256.gf_matmul(gen[[code_index(p) for p in gone]], inv)
             stripes.append((gone, used, coeffs))
-        # Reduce-scatter slots: for each destination position, its lost symbols by stripe.
-        slots = {d: [(s, (d - s) % k) for s in range(k) if stripes[s] and (d - s) % k in stripes[s][0]]
-                 for d in range(k)}
-        counts = [len(slots[d]) for d in range(k)]
-        seg = min(piece, self._segment())
-        send = np.zeros(sum(counts) * seg, np.uint8)
-        recv = np.empty(max(1, counts[pos]) * seg, np.uint8)
-        sym = np.empty(seg, np.uint8)
+
+        def valid(r, p):   # bytes of symbol p held by group position r (the rest is zero)
+            return piece if p < m else max(0, min(piece, sizes[r] - (p - m) * piece))
+
+        def where(p):      # file and offset of this rank's symbol p
+            return (parity_path, p * piece) if p < m else (self.cache.data_path(step), (p - m) * piece)
+
         parity_path, _ = self._paths(step)
         deferred.run(storage.makedirs, self.cache.held_dir(step), self.cache.cfg.dir_mode)
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
-        fd_data = deferred.run(os.open, self.cache.data_path(step), flags, self.cache.cfg.file_mode)
-        fd_parity = deferred.run(os.open, parity_path, flags, self.cache.cfg.file_mode)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
+        fd_data = deferred.run(os.open, self.cache.data_path(step), flags, self.cache.cfg.file_mode) if lost_data[pos] else None
+        fd_parity = deferred.run(os.open, parity_path, flags, self.cache.cfg.file_mode) if lost_parity[pos] else None
         hashers = [new_hasher() for _ in range(m)]
-        for off in range(0, piece, seg):
-            n = min(seg, piece - off)
-            sb = send[:sum(counts) * n].reshape(-1, n) if sum(counts) else send[:0].reshape(0, n)
-            sb.fill(0)
-            row = 0
-            for d in range(k):
-                for s, p_lost in slots[d]:
-                    gone, used, coeffs = stripes[s]
-                    p_mine = (pos - s) % k
-                    if p_mine in used:
-                        fd = fd_parity if p_mine < m else fd_data
-                        where = (p_mine if p_mine < m else p_mine - m) * piece + off
-                        if fd is not None:
-                            deferred.run(read_range, fd, sym[:n], where)
-                        gf_mul_xor_into([sb[row]], [coeffs[gone.index(p_lost), used.index(p_mine)]], sym[:n])
-                    row += 1
-            rb = recv[:counts[pos] * n].reshape(-1, n) if counts[pos] else recv[:0].reshape(0, n)
-            gcomm.Reduce_scatter([sb.reshape(-1).view(np.uint64), MPI.UINT64_T],
-                                 [rb.reshape(-1).view(np.uint64), MPI.UINT64_T],
-                                 [c * n // 8 for c in counts], op=MPI.BXOR)
-            for i, (s, p) in enumerate(slots[pos]):
+
+        def sink(p):
+            def write(off, view):
+                if p < m:
+                    hashers[p].update(view)
                 fd = fd_parity if p < m else fd_data
-                where = (p if p < m else p - m) * piece + off
                 if fd is not None:
-                    deferred.run(storage.pwrite_all, fd, rb[i], where)
-        if fd_data is not None and lost_data[pos]:
+                    deferred.run(storage.pwrite_all, fd, view, where(p)[1] + off)
+            return write
+        sends, outputs = [], []   # tag = stripe: a rank holds one symbol per stripe
+        for s, stripe in enumerate(stripes):
+            if stripe is None:
+                continue
+            gone, used, coeffs = stripe
+            p_mine = (pos - s) % k
+            if p_mine in used:    # survivors send their symbol to every rank rebuilding one
+                path, offset = where(p_mine)
+                source = deferred.run(map_range, path, offset, valid(pos, p_mine))
+                sends += [(stripe_symbol_owner(k, s, p), s, source, valid(pos, p_mine)) for p in gone]
+            elif p_mine in gone:  # my symbol of this stripe was lost: combine the survivors'
+                owners = [stripe_symbol_owner(k, s, p) for p in used]
+                ins = [(r, valid(r, p), coeffs[gone.index(p_mine), i]) for i, (r, p) in enumerate(zip(owners, used))]
+                outputs.append((s, ins, sink(p_mine)))
+        gather_combine(gcomm, piece, self._segment(), sends, outputs, self._buffers)
+        del sends
+        if fd_data is not None:
             deferred.run(os.ftruncate, fd_data, sizes[pos])
-        if fd_parity is not None and lost_parity[pos]:
+            os.close(fd_data)
+        if fd_parity is not None:
             deferred.run(os.ftruncate, fd_parity, m * piece)
-        for fd in (fd_data, fd_parity):
-            if fd is not None:
-                os.close(fd)
-        if lost_parity[pos]:   # parity rebuilt: hash it and write encoded.json again
-            checksums = deferred.run(_hash_parity, parity_path, m, piece, hashers)
+            os.close(fd_parity)
+        if lost_parity[pos]:   # parity rebuilt (hashed on the way): write encoded.json again
+            checksums = [h.hexdigest() for h in hashers]
             manifests = next(v[0]["manifests"] for v in (views[r] for r in group) if v[0] is not None)
             self._write_info(deferred, step, ckpt_id, group, pos, m, piece, sizes, manifests, checksums or [])
         if lost_data[pos]:     # data rebuilt: its manifest comes from a group member's copy
@@ -242,20 +245,6 @@ class EncodedLevel:
             parsed = deferred.run(_parse_member, doc, me, step, ckpt_id)
             if parsed is not None:
                 deferred.run(self.cache.commit, parsed)
-
-
-def _hash_parity(path, m, piece, hashers):
-    buf = np.empty(1 << 20, np.uint8)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        for j in range(m):
-            for off in range(0, piece, buf.nbytes):
-                n = min(buf.nbytes, piece - off)
-                read_range(fd, buf[:n], j * piece + off)
-                hashers[j].update(buf[:n])
-    finally:
-        os.close(fd)
-    return [h.hexdigest() for h in hashers]
 
 
 def _parse_member(doc, rank, step, ckpt_id):
