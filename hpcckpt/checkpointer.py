@@ -30,7 +30,6 @@ from .comm import Collective, agree
 from .config import LEVELS, Config
 from .errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError, IncompatibleCheckpointError,
                      MismatchError, ProtectError)
-from .levels.encoded import EncodedLevel
 from .levels.local import LocalCache
 from .levels.partner import PartnerLevel
 from .levels.pfs import PfsStore
@@ -377,7 +376,8 @@ class Checkpointer:
                 return False
             with Collective(self.comm, f"restart from step {step} after the rebuild") as c:
                 manifest = self.cache.read_manifest(step, quiet=True)
-                c.value = self._verify_local(step, manifest)
+                # the survivors' data files were verified above and the rebuild does not touch them
+                c.value = None if data_ok[self.comm.rank] else self._verify_local(step, manifest)
             again = [(r, v) for r, v in enumerate(c.values) if v]
             if again:
                 self._warn_fallback(step, again, "the rebuilt data does not verify")
@@ -425,7 +425,8 @@ class Checkpointer:
         if level not in self._levels:
             if level == "partner":
                 self._levels[level] = PartnerLevel(self.cache, self.comm, self.topology)
-            else:
+            else:   # imported here: Numba loads only in jobs that use xor or rs
+                from .levels.encoded import EncodedLevel
                 parity = 1 if level == "xor" else self.config.rs_parity
                 self._levels[level] = EncodedLevel(self.cache, self.comm, self.topology, level, parity)
         return self._levels[level]

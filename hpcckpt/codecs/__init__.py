@@ -1,19 +1,10 @@
 """Erasure-coding kernels for the XOR and Reed-Solomon levels. Local and pure (no MPI, no I/O).
 
-Importing this package compiles nothing: the Numba kernels compile on their first call and are
-cached on disk (``cache=True``; set NUMBA_CACHE_DIR where the package directory is read-only).
+Importing this package loads nothing else: each name loads its module (and Numba) on first
+access, so jobs that use neither xor nor rs never import Numba. The Numba kernels compile on
+their first call and are cached on disk (``cache=True``; set NUMBA_CACHE_DIR where the package directory is read-only).
 See docs/CODECS.md.
 """
-from .gf256 import (  # noqa: F401
-    POLY, EXP_TABLE, LOG_TABLE, INV_TABLE, MUL_TABLE, gf_mul, gf_div, gf_inv, gf_pow,
-    gf_matmul, gf_matinv, cauchy_matrix, encoding_matrix, check_code_params)
-from .xor import (  # noqa: F401
-    xor_into, xor_accumulate, xor_into_numpy, xor_accumulate_numpy)
-from .rs import (  # noqa: F401
-    rs_parity_matrix, gf_mul_xor_into, gf_combine_into, rs_encode, rs_decode,
-    rs_decode_coefficients, gf_mul_xor_into_numpy, gf_combine_into_numpy, rs_encode_numpy,
-    rs_decode_numpy)
-
 __all__ = [
     "POLY", "EXP_TABLE", "LOG_TABLE", "INV_TABLE", "MUL_TABLE", "gf_mul", "gf_div", "gf_inv",
     "gf_pow", "gf_matmul", "gf_matinv", "cauchy_matrix", "encoding_matrix", "check_code_params",
@@ -22,3 +13,15 @@ __all__ = [
     "rs_decode_coefficients", "gf_mul_xor_into_numpy", "gf_combine_into_numpy",
     "rs_encode_numpy", "rs_decode_numpy",
 ]
+
+_MODULE_OF = {name: "gf256" for name in __all__[:14]}
+_MODULE_OF.update({name: "xor" for name in __all__[14:18]})
+_MODULE_OF.update({name: "rs" for name in __all__[18:]})
+
+
+def __getattr__(name):
+    """Load ``name`` from its module on first access (PEP 562)."""
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)

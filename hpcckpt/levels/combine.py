@@ -57,42 +57,42 @@ class Buffers:
         return a[:nbytes]
 
 
-def gather_combine(gcomm, length, seg, sends, outputs, buffers):
+def gather_combine(gcomm, length, seg, sends, outputs, buffers, deliveries=()):
     """Collective over ``gcomm``: compute every output of the group, ``seg`` bytes at a time.
 
-    sends:   [(dest, tag, source, valid)]: a symbol of this rank that ``dest`` needs for its
-             output ``tag``; ``source`` is a uint8 array of at least ``valid`` bytes, or None
-             after a local error (zeros are sent, so the other ranks still finish).
-    outputs: [(tag, [(src, valid, coef)], sink)]: an output this rank computes from one symbol of
-             each ``src`` (never this rank); ``sink(offset, view)`` gets each finished segment,
-             in order of offset.
-    Every symbol is ``length`` bytes. The tags of one destination are distinct per source.
+    sends:      [(dest, tag, source, valid)]: a symbol of this rank that ``dest`` needs for its
+                output ``tag``; ``source`` is a uint8 array of at least ``valid`` bytes, or None
+                after a local error (zeros are sent, so the other ranks still finish).
+    outputs:    [(tag, ins, local, sink)]: an output this rank computes from one symbol of each
+                ``src`` in ins = [(src, valid, coef)] (never this rank) and, when ``local`` is
+                (source, valid, coef), one symbol of its own. ``sink`` is either a callable
+                ``sink(offset, view)``, called for each finished segment in order of offset, or
+                (dest, tag): the result is forwarded to ``dest``, which lists it in deliveries.
+    deliveries: [(src, tag, sink)]: finished symbols computed by ``src`` for this rank.
+    Every symbol is ``length`` bytes. Tags are distinct per (source, destination) pair.
     """
-    nin = max((len(ins) for _, ins, _ in outputs), default=0)
+    nin = max((len(ins) + 1 for _, ins, _, _ in outputs), default=0)
     recv = buffers.get("recv", len(outputs) * nin * seg).reshape(len(outputs), nin, seg)
     out = buffers.get("out", len(outputs) * seg).reshape(len(outputs), seg)
-    zeros = None
+    got = buffers.get("delivered", len(deliveries) * seg).reshape(len(deliveries), seg)
+    zeros = np.zeros(seg, np.uint8) if any(source is None for _, _, source, _ in sends) else None
     for off in range(0, length, seg):
         n = min(seg, length - off)
-        requests = []
-        for o, (tag, ins, _) in enumerate(outputs):
+        inputs, later = [], []
+        for o, (tag, ins, _, _) in enumerate(outputs):
             for i, (src, valid, _) in enumerate(ins):
                 v = present(valid, off, n)
                 if v:
-                    requests.append(gcomm.Irecv(recv[o, i, :v], source=src, tag=tag))
+                    inputs.append(gcomm.Irecv(recv[o, i, :v], source=src, tag=tag))
+        for d, (src, tag, _) in enumerate(deliveries):
+            later.append(gcomm.Irecv(got[d, :n], source=src, tag=tag))
         for dest, tag, source, valid in sends:
             v = present(valid, off, n)
-            if not v:
-                continue
-            if source is None:
-                if zeros is None:
-                    zeros = np.zeros(seg, np.uint8)
-                view = zeros[:v]
-            else:
-                view = source[off:off + v]
-            requests.append(gcomm.Isend(view, dest=dest, tag=tag))
-        MPI.Request.Waitall(requests)
-        for o, (tag, ins, sink) in enumerate(outputs):
+            if v:
+                view = zeros[:v] if source is None else source[off:off + v]
+                later.append(gcomm.Isend(view, dest=dest, tag=tag))
+        MPI.Request.Waitall(inputs)
+        for o, (tag, ins, local, sink) in enumerate(outputs):
             rows, coefs = [], []
             for i, (src, valid, coef) in enumerate(ins):
                 v = present(valid, off, n)
@@ -101,8 +101,26 @@ def gather_combine(gcomm, length, seg, sends, outputs, buffers):
                         recv[o, i, v:n] = 0
                     rows.append(recv[o, i, :n])
                     coefs.append(coef)
+            if local is not None:
+                source, valid, coef = local
+                v = present(valid, off, n)
+                if v and coef:
+                    row = recv[o, len(ins), :n]
+                    if v == n and source is not None and not source[off:off + n].ctypes.data % 8:
+                        row = source[off:off + n]
+                    else:   # a short (zero-padded) or unaligned piece, or a failed source
+                        row[:v] = 0 if source is None else source[off:off + v]
+                        row[v:] = 0
+                    rows.append(row)
+                    coefs.append(coef)
             result = out[o, :n]
             result.fill(0)
             if rows:
                 gf_combine_into([result], np.array([coefs], np.uint8), rows)
-            sink(off, result)
+            if callable(sink):
+                sink(off, result)
+            else:
+                later.append(gcomm.Isend(result, dest=sink[0], tag=sink[1]))
+        MPI.Request.Waitall(later)
+        for d, (_, _, sink) in enumerate(deliveries):
+            sink(off, got[d, :n])

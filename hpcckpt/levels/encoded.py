@@ -104,7 +104,7 @@ class EncodedLevel:
         for j in range(m):
             s = (pos - j) % k
             owners = [stripe_symbol_owner(k, s, p) for p in range(m, k)]
-            outputs.append((j, [(r, valid(r, q), coef[j, q]) for q, r in enumerate(owners)], sink(j)))
+            outputs.append((j, [(r, valid(r, q), coef[j, q]) for q, r in enumerate(owners)], None, sink(j)))
         gather_combine(gcomm, piece, self._segment(), sends, outputs, self._buffers)
         del data, sends
         if fd_out is not None:
@@ -213,22 +213,34 @@ class EncodedLevel:
                 if fd is not None:
                     deferred.run(storage.pwrite_all, fd, view, where(p)[1] + off)
             return write
-        sends, outputs = [], []   # tag = stripe: a rank holds one symbol per stripe
+        # Each lost symbol is combined by one of the survivors it is computed from (its
+        # "aggregator", chosen round-robin so the work is spread) and forwarded to its owner.
+        sends, outputs, deliveries = [], [], []
         for s, stripe in enumerate(stripes):
             if stripe is None:
                 continue
             gone, used, coeffs = stripe
             p_mine = (pos - s) % k
-            if p_mine in used:    # survivors send their symbol to every rank rebuilding one
+            owners = [stripe_symbol_owner(k, s, p) for p in used]
+            source = None
+            if p_mine in used:
                 path, offset = where(p_mine)
                 source = deferred.run(map_range, path, offset, valid(pos, p_mine))
-                sends += [(stripe_symbol_owner(k, s, p), s, source, valid(pos, p_mine)) for p in gone]
-            elif p_mine in gone:  # my symbol of this stripe was lost: combine the survivors'
-                owners = [stripe_symbol_owner(k, s, p) for p in used]
-                ins = [(r, valid(r, p), coeffs[gone.index(p_mine), i]) for i, (r, p) in enumerate(zip(owners, used))]
-                outputs.append((s, ins, sink(p_mine)))
-        gather_combine(gcomm, piece, self._segment(), sends, outputs, self._buffers)
-        del sends
+            for g, p_lost in enumerate(gone):
+                dest = stripe_symbol_owner(k, s, p_lost)
+                agg = owners[(s + g) % kd]
+                tag = 2 * (s * k + p_lost)
+                if dest == pos:
+                    deliveries.append((agg, tag + 1, sink(p_lost)))
+                if agg == pos:
+                    i_mine = used.index(p_mine)
+                    ins = [(r, valid(r, p), coeffs[g, i]) for i, (r, p) in enumerate(zip(owners, used)) if r != pos]
+                    outputs.append((tag, ins, (source, valid(pos, p_mine), coeffs[g, i_mine]), (dest, tag + 1)))
+                elif p_mine in used:
+                    sends.append((agg, tag, source, valid(pos, p_mine)))
+        _check_tags(gcomm, 2 * k * k)
+        gather_combine(gcomm, piece, self._segment(), sends, outputs, self._buffers, deliveries)
+        del sends, outputs
         if fd_data is not None:
             deferred.run(os.ftruncate, fd_data, sizes[pos])
             os.close(fd_data)
@@ -245,6 +257,13 @@ class EncodedLevel:
             parsed = deferred.run(_parse_member, doc, me, step, ckpt_id)
             if parsed is not None:
                 deferred.run(self.cache.commit, parsed)
+
+
+def _check_tags(comm, needed):
+    """The rebuild tags message (stripe, symbol) pairs; MPI only promises tags up to 32767."""
+    tag_ub = comm.Get_attr(MPI.TAG_UB)
+    if tag_ub is not None and tag_ub < needed:
+        raise HpcCkptError(f"this MPI allows tags up to {tag_ub}; rebuilding a group this large needs {needed}")
 
 
 def _parse_member(doc, rank, step, ckpt_id):

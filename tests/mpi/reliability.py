@@ -52,6 +52,8 @@ def check_restored(directory, nprocs, step, n=1000):
 
 def record(kind, row):
     _rows.setdefault(kind, {})[row["case"]] = row
+    if FULL:
+        _flush()   # a long run keeps what it has done if it is stopped
 
 
 @atexit.register
@@ -69,3 +71,4 @@ def _flush():
         with open(path + ".tmp", "w") as f:
             json.dump(sorted(old.values(), key=lambda r: r.get("order", 0)), f, indent=1)
         os.replace(path + ".tmp", path)
+    _rows.clear()
