@@ -4,12 +4,13 @@ A manifest is the commit marker: data without a manifest is not a checkpoint. Ev
 back is validated strictly before use; nothing is unpickled. See docs/FORMAT.md.
 """
 import dataclasses
+import json
 import math
 import re
 
 import numpy as np
 
-from .codecs.checksum import ALGORITHM
+from .codecs.checksum import ALGORITHM, digest
 from .errors import CorruptCheckpointError, IncompatibleCheckpointError, ProtectError
 
 FORMAT = "hpcckpt-rank"
@@ -58,17 +59,30 @@ class RankManifest:
     arrays: tuple
 
     def to_json(self):
-        return {"format": FORMAT, "version": VERSION, "name": self.name, "world_size": self.world_size,
-                "rank": self.rank, "node": self.node, "step": self.step, "level": self.level,
-                "ckpt_id": self.ckpt_id, "created": self.created, "checksum_algorithm": ALGORITHM,
-                "data_file": self.data_file, "data_size": self.data_size,
-                "arrays": [a.to_json() for a in self.arrays]}
+        return sign({"format": FORMAT, "version": VERSION, "name": self.name, "world_size": self.world_size,
+                     "rank": self.rank, "node": self.node, "step": self.step, "level": self.level,
+                     "ckpt_id": self.ckpt_id, "created": self.created, "checksum_algorithm": ALGORITHM,
+                     "data_file": self.data_file, "data_size": self.data_size,
+                     "arrays": [a.to_json() for a in self.arrays]})
 
     def array(self, name):
         for a in self.arrays:
             if a.name == name:
                 return a
         return None
+
+
+def self_checksum(doc):
+    """Checksum of a manifest document's canonical JSON, without its own ``manifest_checksum``."""
+    body = {k: v for k, v in doc.items() if k != "manifest_checksum"}
+    return digest(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
+def sign(doc):
+    """Local: set ``doc["manifest_checksum"]`` (a damaged manifest is then detected, not
+    mistaken for a checkpoint of other arrays); returns doc."""
+    doc["manifest_checksum"] = self_checksum(doc)
+    return doc
 
 
 def check_array_name(name):
@@ -107,6 +121,8 @@ def parse(doc, where):
         return CorruptCheckpointError(f"{where}: {msg}")
 
     check_header(doc, where, FORMAT, VERSION)
+    if doc.get("manifest_checksum") != self_checksum(doc):
+        raise bad("the manifest does not match its manifest_checksum (damaged)")
     ints = {}
     for key in ("world_size", "rank", "node", "step", "data_size"):
         v = doc.get(key)

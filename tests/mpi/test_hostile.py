@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import hpcckpt
-from hpcckpt import errors
+from hpcckpt import errors, manifest as mf
 from reliability import expected_state, record
 
 pytestmark = pytest.mark.mpi
@@ -106,7 +106,7 @@ def crafted(root, change):
     doc = good_manifest(root)
     doc["step"] = 5
     change(doc)
-    return doc
+    return mf.sign(doc)   # an attacker can recompute the self-checksum: what follows must still hold
 
 
 MANIFEST_ATTACKS = {
@@ -158,7 +158,7 @@ def test_symlinks_out_of_the_cache_are_not_followed(what, env):
         shutil.copytree(good, target)
         doc = json.load(open(os.path.join(target, "rank_000000.json")))
         doc["step"] = 5
-        json.dump(doc, open(os.path.join(target, "rank_000000.json"), "w"))
+        json.dump(mf.sign(doc), open(os.path.join(target, "rank_000000.json"), "w"))
         os.symlink(target, step_dir(root, 5))
     else:
         plant(root, 5, crafted(root, lambda d: None))

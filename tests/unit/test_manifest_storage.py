@@ -18,13 +18,26 @@ def make_manifest(**changes):
                       {"name": "it", "dtype": "<i8", "shape": [], "offset": 832, "nbytes": 8,
                        "checksum": "00000000000000ff", "global_shape": [], "global_offset": []}]}
     doc.update(changes)
-    return doc
+    return mf.sign(doc)   # crafted documents carry a valid self-checksum, so what follows is tested
 
 
 def test_valid_manifest_round_trips():
     m = mf.parse(make_manifest(), "m")
     assert m.step == 9 and m.array("u").shape == (100,) and m.array("it").global_shape == ()
     assert mf.parse(json.loads(json.dumps(m.to_json())), "again") == m
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: d["arrays"][0].update(dtype="<f4"),          # still parses: only the checksum tells
+    lambda d: d["arrays"][0].update(shape=[50, 2]),
+    lambda d: d.update(step=8),
+    lambda d: d.pop("manifest_checksum"),
+])
+def test_a_damaged_manifest_fails_its_self_checksum(damage):
+    doc = make_manifest()
+    damage(doc)
+    with pytest.raises(CorruptCheckpointError, match="manifest_checksum"):
+        mf.parse(doc, "m")
 
 
 @pytest.mark.parametrize("changes,needle", [
