@@ -352,6 +352,12 @@ class Checkpointer:
                     log.info("restarted from step %d", step)
                 self.policy.start()
                 return step
+        if self.comm.rank == 0:
+            if cached or pfs_steps or problems:
+                log.warning("no checkpoint can be restored; the arrays are left as they are")
+            else:
+                log.info("no checkpoint to restart from (nothing committed in %s%s)", self.config.cache_dir,
+                         f" or {self.config.pfs_dir}" if self.config.pfs_dir else "")
         self.policy.start()
         return None
 

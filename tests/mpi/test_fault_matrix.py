@@ -234,6 +234,11 @@ def cases():
             phases.insert(2, "encode")
         for ph in phases:
             exp = {"committed": {4, 9}, "retire": {14}}.get(ph, {4})
+            if ph == "commit" and redundant:
+                # rank 1 dies before its manifest; a rank that wrote its own (after the agreement
+                # that every rank's data and redundancy are complete) makes step 9 committed, and
+                # rank 1 is then rebuilt like a lost rank: 9 or 4, depending on that race
+                exp = {4, 9}
             add(f"kill@{ph}", exp, fault=f"{ph}:1:{4 if ph == 'retire' else 9}", crash=False)
         # I/O errors mid-checkpoint on one rank: every rank raises, the app goes on (14 commits)
         errs = [("enospc@write", "write"), ("enospc@commit", "commit")]
@@ -382,8 +387,8 @@ def test_fault(case, crashed, tmp_path):
         })
         assert wrong is None, wrong
         assert got in case.expected, f"restart() returned {got}, expected one of {case.expected}\n{res}"
-        if got is None:
-            assert warnings, "a None restart must say why"
+        if got is None:   # a warning says why; with nothing left at all, an INFO line says so
+            assert warnings or "no checkpoint to restart from" in res.stderr, "a None restart must say why"
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
