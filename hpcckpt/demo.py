@@ -15,6 +15,8 @@ import sys
 import tempfile
 import time
 
+from . import mpich_shm
+
 
 # ---------------------------------------------------------------------------- the application
 def heat_app(argv=None):
@@ -133,7 +135,7 @@ def run_demo(args):
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     work = tempfile.mkdtemp(prefix="hpcckpt-demo-", dir=base) if own else os.path.abspath(args.workdir)
     os.makedirs(work, exist_ok=True)
-    shm_before = {n for n in os.listdir("/dev/shm") if n.startswith("mpich")} if base else set()
+    shm_before = mpich_shm.snapshot()
     try:
         common = ["--nx", str(args.nx), "--ny", str(args.ny), "--steps", str(args.steps)]
         cache = os.path.join(work, "cache", "node{node}")
@@ -179,12 +181,7 @@ def run_demo(args):
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)
-        if base:
-            for n in {n for n in os.listdir("/dev/shm") if n.startswith("mpich")} - shm_before:
-                try:
-                    os.unlink(os.path.join("/dev/shm", n))
-                except OSError:
-                    pass
+        mpich_shm.remove_leftovers(shm_before)   # what the killed run left, never another job's
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Run real MPI jobs from pytest: ``mpiexec -n N python script.py`` under a timeout.
 
 On timeout the whole process group is killed (no test can hang) and MPICH's /dev/shm leftovers
-created during the run are removed.
+created during the run, that no live process uses, are removed.
 """
 import dataclasses
 import os
@@ -9,6 +9,8 @@ import shutil
 import signal
 import subprocess
 import sys
+
+from hpcckpt import mpich_shm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 APPS = os.path.join(HERE, "apps")
@@ -35,13 +37,6 @@ class Result:
         return f"rc={self.returncode} timed_out={self.timed_out}\n--- stdout\n{self.stdout[-4000:]}\n--- stderr\n{self.stderr[-4000:]}"
 
 
-def _shm_leftovers():
-    try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("mpich")}
-    except FileNotFoundError:
-        return set()
-
-
 def run_mpi(nprocs, script, *args, env=None, timeout=240):
     """Run ``script`` (a path, or a file name in tests/mpi/apps) on ``nprocs`` ranks; return a Result."""
     if not os.path.isabs(script):
@@ -50,7 +45,7 @@ def run_mpi(nprocs, script, *args, env=None, timeout=240):
     full_env = dict(os.environ)
     full_env.update({k: str(v) for k, v in (env or {}).items()})
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    before = _shm_leftovers()
+    before = mpich_shm.snapshot()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
                             start_new_session=True, stdin=subprocess.DEVNULL)
     try:
@@ -64,10 +59,7 @@ def run_mpi(nprocs, script, *args, env=None, timeout=240):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        for name in _shm_leftovers() - before:
-            try:
-                os.unlink(os.path.join("/dev/shm", name))
-            except OSError:
-                pass
+        # only our job's segments: removing one of a job starting meanwhile hangs its MPI_Init
+        mpich_shm.remove_leftovers(before)
     assert not result.timed_out, f"mpiexec timed out after {timeout} s (process group killed):\n{result}"
     return result
