@@ -333,7 +333,7 @@ def apply_damage(case, root):
         lose_every_cache(root)
         s = pfs_step(root)
         if what == "flip-h5-dataset":
-            flip_pfs_dataset(root)
+            flip_pfs_dataset(root, rank=1, node=1 // case.rpn)   # rank 1's dataset is in its node's file
         elif what == "truncate-node-file":
             p = os.path.join(s, "node_000000.h5")
             os.truncate(p, os.path.getsize(p) - 100)
