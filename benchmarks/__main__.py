@@ -30,13 +30,20 @@ SUITE = {
 OPTIONAL = {"pfs": ("bench_pfs", "pfs level internals: transfer modes and node files")}
 
 
+def cpu_seconds():
+    """User + system CPU seconds of this process and of its finished children (mpiexec jobs
+    with their ranks, probes): unlike wall time, hardly changed by other load on the machine."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def main(argv=None):
     names = {**SUITE, **OPTIONAL}
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="benchmarks: " + "; ".join(f"{k}: {v[1]}" for k, v in names.items()))
     p.add_argument("names", nargs="*", help=f"default: {' '.join(SUITE)}")
-    p.add_argument("--quick", action="store_true", help="small sizes and few repetitions (about 2 minutes)")
+    p.add_argument("--quick", action="store_true", help="small sizes and few repetitions (about 1 minute on 2 idle cores)")
     p.add_argument("--out", default=RESULTS, help="directory for the JSON, TABLE.md and plots (default %(default)s)")
     p.add_argument("--readme", action="store_true", help="insert the generated table into README.md")
     p.add_argument("--no-report", action="store_true", help="skip TABLE.md and the plots")
@@ -55,7 +62,7 @@ def main(argv=None):
         module, what = names[name]
         say(f"== [{i}/{len(chosen)}] {name}: {what}")
         load0 = os.getloadavg()
-        t = time.perf_counter()
+        t, cpu0 = time.perf_counter(), cpu_seconds()
         run = {"script": f"benchmarks/{module}.py", "loadavg_start": list(load0)}
         try:
             args = ["--out", os.path.join(a.out, f"{name}.json")] + (["--quick"] if a.quick else [])
@@ -69,17 +76,23 @@ def main(argv=None):
             failed.append(name)
             say(f"   {name} FAILED: {str(e)[-500:]}")
         run["seconds"] = time.perf_counter() - t
+        run["cpu_seconds"] = cpu_seconds() - cpu0
         run["loadavg_end"] = list(os.getloadavg())
         suite["runs"][name] = run
-        say(f"   {name}: {run['status']} in {run['seconds']:.0f} s (load average {load0[0]:.1f} -> {run['loadavg_end'][0]:.1f})")
+        say(f"   {name}: {run['status']} in {run['seconds']:.0f} s, {run['cpu_seconds']:.0f} CPU s "
+            f"(load average {load0[0]:.1f} -> {run['loadavg_end'][0]:.1f})")
     suite["seconds"] = time.perf_counter() - t_all
+    suite["cpu_seconds"] = sum(r["cpu_seconds"] for r in suite["runs"].values())
     suite["machine_end"] = machine()
     with open(os.path.join(a.out, "suite.json"), "w") as f:
         json.dump(suite, f, indent=1)
-    say(f"suite: {len(chosen) - len(failed)}/{len(chosen)} ok in {suite['seconds']:.0f} s; wrote {os.path.join(a.out, 'suite.json')}")
+    say(f"suite: {len(chosen) - len(failed)}/{len(chosen)} ok in {suite['seconds']:.0f} s ({suite['cpu_seconds']:.0f} CPU s); "
+        f"wrote {os.path.join(a.out, 'suite.json')}")
     if not a.no_report:
         import report
+        t = time.perf_counter()
         report.main([a.out] + (["--readme"] if a.readme else []))
+        say(f"report: {time.perf_counter() - t:.0f} s; everything: {time.perf_counter() - t_all:.0f} s")
     return 1 if failed else 0
 
 

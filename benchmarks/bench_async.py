@@ -16,17 +16,14 @@ gained = (loop_sync - loop_async) / (iters x flush): 1 means the flush is comple
 The background thread competes with the application for 2 cores here: ``compute_slowdown``
 is compute time under async / compute time under sync.
 """
-import argparse
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import DISK, MiB, SHM, median, result_line, run_mpi, say, write_json  # noqa: E402
+from common import MiB, command, median, parser, result_line, run_mpi, say, scratch, world, write_json  # noqa: E402
 
 
 def worker(a):
@@ -34,7 +31,7 @@ def worker(a):
     from mpi4py import MPI
     import hpcckpt
 
-    comm = MPI.COMM_WORLD
+    comm = world()
     u = np.random.default_rng(comm.rank).random(a.size * MiB // 8)
 
     def one_pass():
@@ -68,7 +65,7 @@ def worker(a):
             step += 1
             comm.Barrier()
             t_loop = time.perf_counter()
-            for _ in range(a.iters if passes else 3):
+            for _ in range(a.iters if passes else min(3, a.iters)):
                 t = time.perf_counter()
                 for _ in range(passes or 1):
                     one_pass()
@@ -87,29 +84,19 @@ def worker(a):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, "16 MiB per rank, 2 iterations", hidden=("shm", "disk"))
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--size", type=int, default=64, help="MiB per rank")
     p.add_argument("--iters", type=int, default=4)
-    p.add_argument("--quick", action="store_true", help="16 MiB per rank, 3 iterations")
-    p.add_argument("--out", default=None)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--shm", help=argparse.SUPPRESS)
-    p.add_argument("--disk", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         return worker(a)
     if a.quick:
-        a.size, a.iters = 16, 3
+        a.size, a.iters = 16, 2
     say(f"async flush: {a.ranks} ranks x {a.size} MiB, {a.iters} iterations of compute + pfs checkpoint, sync vs async")
-    shm = tempfile.mkdtemp(prefix="hpcckpt-bench-async-", dir=SHM)
-    disk = tempfile.mkdtemp(prefix="hpcckpt-bench-async-", dir=DISK)
-    try:
+    with scratch("async") as (shm, disk):
         raw = result_line(run_mpi(a.ranks, [os.path.abspath(__file__), "--worker", "--size", str(a.size),
                                             "--iters", str(a.iters), "--shm", shm, "--disk", disk]))
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
-        shutil.rmtree(disk, ignore_errors=True)
     m = {mode: {"loop": raw[mode]["loop"], "compute": median(raw[mode]["compute"]),
                 "checkpoint": median(raw[mode]["checkpoint"])} for mode in ("sync", "async", "local")}
     flush = m["sync"]["checkpoint"] - m["local"]["checkpoint"]
@@ -121,7 +108,7 @@ def main(argv=None):
     say(f"  loop: sync {m['sync']['loop']:.2f} s, async {m['async']['loop']:.2f} s, local-only {m['local']['loop']:.2f} s; "
         f"checkpoint call: sync {m['sync']['checkpoint']:.2f} s, async {m['async']['checkpoint']:.2f} s; "
         f"flush {flush:.2f} s, {gained:.0%} of it gained; compute slowdown {summary['compute_slowdown']:.2f}x")
-    path = write_json("async", {"command": " ".join(["python", "benchmarks/bench_async.py"] + (argv or sys.argv[1:])),
+    path = write_json("async", {"command": command("bench_async.py", argv),
                                 "ranks": a.ranks, "mib_per_rank": a.size, "iters": a.iters,
                                 "passes_per_compute": raw["passes"], "pass_seconds": raw["pass_seconds"],
                                 "medians": m, "summary": summary, "samples": raw}, a.out)

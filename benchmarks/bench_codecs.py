@@ -4,13 +4,13 @@
 
 GB/s = 1e9 bytes/s of *data input* (k x block bytes) per second, median of several
 repetitions after one warm-up call (which also compiles the Numba kernels); buffers are filled
-(pre-touched) before timing. Block sizes: 64 MiB and 512 MiB (--quick: 16 MiB). zfec and
-pyeclib (``pip install zfec pyeclib``; pyeclib's PyPI wheel bundles liberasurecode and ISA-L)
-are optional: when missing, the JSON records why. Note that pyeclib's encode takes the whole
-object as one bytes string and returns k + m fragments with headers (its copies are part of what
-it costs a caller), while zfec and hpcckpt take the k blocks separately.
+(pre-touched) before timing. Block sizes: 64 MiB and 512 MiB, 5 and 3 repetitions (--quick:
+8 MiB, 2 repetitions). zfec and pyeclib (``pip install zfec pyeclib``; pyeclib's PyPI wheel
+bundles liberasurecode and ISA-L) are optional: when missing, the JSON records why. Note that
+pyeclib's encode takes the whole object as one bytes string and returns k + m fragments with
+headers (its copies are part of what it costs a caller), while zfec and hpcckpt take the k
+blocks separately.
 """
-import argparse
 import os
 import platform
 import statistics
@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numba  # noqa: E402
-from common import ANCHOR_ISAL, ANCHOR_XOR_FUSED, ANCHOR_ZFEC, say, write_json  # noqa: E402
+from common import ANCHOR_ISAL, ANCHOR_XOR_FUSED, ANCHOR_ZFEC, command, parser, say, write_json  # noqa: E402
 from hpcckpt import codecs as C  # noqa: E402
 
 MiB = 1 << 20
@@ -168,15 +168,12 @@ def summarize(results):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="16 MiB blocks only")
-    ap.add_argument("--out", default=None, help="default benchmarks/results/codecs.json")
-    args = ap.parse_args(argv)
+    args = parser(__doc__, "8 MiB blocks only, 2 repetitions", hidden=()).parse_args(argv)
 
-    sizes = [(16 * MiB, 3)] if args.quick else [(64 * MiB, 5), (512 * MiB, 3)]
+    sizes = [(8 * MiB, 2)] if args.quick else [(64 * MiB, 5), (512 * MiB, 3)]
     info = {
         "numba_threads": numba.get_num_threads(), "loadavg_start": os.getloadavg(),
-        "command": " ".join(["python", "benchmarks/bench_codecs.py"] + (argv if argv is not None else sys.argv[1:])),
+        "command": command("bench_codecs.py", argv),
     }
     results = []
     say(f"codecs: {cpu_model()}, {os.cpu_count()} cpus, numpy {np.__version__}, numba {numba.__version__}")

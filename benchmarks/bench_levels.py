@@ -3,6 +3,7 @@ same job, on 2, 4 and 8 ranks and 16-512 MiB per rank.
 
     python benchmarks/bench_levels.py [--grid 4x64,4x256,...] [--levels local,partner,xor,rs,pfs]
                                       [--reps 3] [--quick] [--out FILE]
+    (--quick: grid 4x16 and 2 repetitions; every level and every limit still measured)
 
 One mpiexec job per (ranks, MiB per rank). Each job first measures, every rank at once, the
 limits (common.measure_limits: memcpy, tmpfs new file / overwrite, disk write + fsync, MPI ring
@@ -16,19 +17,18 @@ One virtual node per rank (ranks_per_node=1, cache_dir <shm>/node{node}), group_
 rs_parity 2 (with 2 ranks the group is 2 ranks, so rs uses 1 parity), pfs_dir on disk (/tmp).
 Time = slowest rank between barriers; aggregate = ranks x bytes per rank / time; medians.
 """
-import argparse
 import os
 import shutil
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (DISK, FTI_MIB_S, LIMITS, MiB, SHM, measure_limits, result_line, run_mpi,  # noqa: E402
-                    say, summarize, timed, write_json)
+from common import (FTI_MIB_S, LIMITS, MiB, command, measure_limits, parser, result_line, run_mpi,  # noqa: E402
+                    say, scratch, summarize, timed, world, write_json)
 
 LEVELS = ("local", "partner", "xor", "rs", "pfs")
 FULL_GRID = "4x16,4x64,4x256,2x64,8x64,2x256"
 QUICK_GRID = "4x16"
+QUICK_REPS = 2
 LIMIT_OF = {"local": "tmpfs_overwrite", "partner": "tmpfs_overwrite", "xor": "tmpfs_overwrite",
             "rs": "tmpfs_overwrite", "pfs": "disk_fsync"}
 
@@ -36,10 +36,9 @@ LIMIT_OF = {"local": "tmpfs_overwrite", "partner": "tmpfs_overwrite", "xor": "tm
 def worker(a):
     import numpy as np
     import xxhash
-    from mpi4py import MPI
     import hpcckpt
 
-    comm = MPI.COMM_WORLD
+    comm = world()
     nbytes = a.size * MiB
     data = np.random.default_rng(comm.rank).integers(0, 2**63, nbytes // 8, dtype=np.int64)
     digest = xxhash.xxh3_64_hexdigest(data)
@@ -102,32 +101,23 @@ def analyse(ranks, size, raw, levels):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, f"grid {QUICK_GRID}, {QUICK_REPS} repetitions")
     p.add_argument("--grid", default=None, help=f"RANKSxMIB,... (default {FULL_GRID}; --quick {QUICK_GRID})")
     p.add_argument("--levels", default=",".join(LEVELS))
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help=f"grid {QUICK_GRID}, 3 repetitions")
-    p.add_argument("--out", default=None)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--size", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--shm", help=argparse.SUPPRESS)
-    p.add_argument("--disk", help=argparse.SUPPRESS)
+    p.add_argument("--reps", type=int, default=None, help=f"default 3 ({QUICK_REPS} with --quick)")
     a = p.parse_args(argv)
     if a.worker:
         return worker(a)
+    if a.reps is None:
+        a.reps = QUICK_REPS if a.quick else 3
     grid = [tuple(int(x) for x in g.split("x")) for g in (a.grid or (QUICK_GRID if a.quick else FULL_GRID)).split(",")]
     levels = a.levels.split(",")
     rows = []
     for n, (ranks, size) in enumerate(grid, 1):
         say(f"levels [{n}/{len(grid)}] {ranks} ranks x {size} MiB per rank: limits, then {', '.join(levels)}")
-        shm = tempfile.mkdtemp(prefix="hpcckpt-bench-levels-", dir=SHM)
-        disk = tempfile.mkdtemp(prefix="hpcckpt-bench-levels-", dir=DISK)
-        try:
+        with scratch("levels") as (shm, disk):
             out = run_mpi(ranks, [os.path.abspath(__file__), "--worker", "--size", str(size), "--reps", str(a.reps),
                                   "--levels", a.levels, "--shm", shm, "--disk", disk])
-        finally:
-            shutil.rmtree(shm, ignore_errors=True)
-            shutil.rmtree(disk, ignore_errors=True)
         row = analyse(ranks, size, result_line(out), levels)
         rows.append(row)
         lm = row["limits"]["mib_s"]
@@ -136,7 +126,7 @@ def main(argv=None):
             say(f"  {level:8s} checkpoint {d['mib_s']['checkpoint']:7.0f} MiB/s ({d['checkpoint_fraction_of_limit']:.0%} "
                 f"of {d['limit']}), restart {d['mib_s']['restart']:7.0f} MiB/s"
                 + (f", {d['x_fti']:.1f}x FTI {d['fti_mib_s']:.0f}" if "x_fti" in d else ""))
-    path = write_json("levels", {"command": " ".join(["python", "benchmarks/bench_levels.py"] + (argv or sys.argv[1:])),
+    path = write_json("levels", {"command": command("bench_levels.py", argv),
                                  "reps": a.reps, "grid": [list(g) for g in grid], "levels": levels,
                                  "config": {"ranks_per_node": 1, "group_size": 4, "rs_parity": 2,
                                             "cache": "tmpfs (/dev/shm)", "pfs_dir": "disk (/tmp)"},

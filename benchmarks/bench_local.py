@@ -12,46 +12,26 @@ For each size (MiB per rank) one mpiexec job measures, with every rank working a
 Time = slowest rank between two barriers; aggregate bandwidth = ranks x bytes / time; medians.
 FTI 1.6 on the same machine (../shared/ANCHORS.md): 466 MiB/s at 64 MiB per rank, 450 at 256.
 """
-import argparse
 import json
 import os
 import shutil
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import MiB, median, run_mpi, say, write_json  # noqa: E402
+from common import MiB, command, median, parser, result_line, run_mpi, say, timed, world, write_file, write_json  # noqa: E402
 
 FTI_L1 = {64: 466.0, 256: 450.0}   # MiB/s aggregate, 4 ranks
 
 
 def worker(a):
     import numpy as np
-    from mpi4py import MPI
     import hpcckpt
     from hpcckpt import storage
 
-    comm = MPI.COMM_WORLD
-    nbytes = a.size * MiB
-    data = np.random.default_rng(comm.rank).integers(0, 2**63, nbytes // 8, dtype=np.int64)
+    comm = world()
+    data = np.random.default_rng(comm.rank).integers(0, 2**63, a.size * MiB // 8, dtype=np.int64)
     root = os.path.join(a.dir, f"r{comm.rank}")
     os.makedirs(root, exist_ok=True)
-
-    def timed(fn):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        t = time.perf_counter() - t0
-        return comm.allreduce(t, op=MPI.MAX)
-
-    def raw_write(path, flags):
-        def go():
-            fd = os.open(path, flags, 0o600)
-            view = memoryview(data).cast("B")
-            for s in range(0, nbytes, 1 << 20):
-                os.write(fd, view[s:s + (1 << 20)])
-            os.close(fd)
-        return go
 
     res = {"limit_new": [], "limit_overwrite": [], "checkpoint": [], "checkpoint_first": [],
            "no_integrity": [], "restart": []}
@@ -59,18 +39,18 @@ def worker(a):
         path = os.path.join(root, "raw.dat")
         if os.path.exists(path):
             os.unlink(path)
-        res["limit_new"].append(timed(raw_write(path, os.O_WRONLY | os.O_CREAT)))
-        res["limit_overwrite"].append(timed(raw_write(path, os.O_WRONLY)))
+        res["limit_new"].append(timed(comm, lambda: write_file(data, path, os.O_WRONLY | os.O_CREAT)))
+        res["limit_overwrite"].append(timed(comm, lambda: write_file(data, path, os.O_WRONLY)))
         os.unlink(path)
 
     cache = os.path.join(a.dir, "cache", "node{node}")
     with hpcckpt.Checkpointer(comm, name="bench", cache_dir=cache, ranks_per_node=1, io_chunk=a.io_chunk) as ckpt:
         ckpt.protect("data", data)
         step = 0
-        res["checkpoint_first"].append(timed(lambda: ckpt.checkpoint(0, "local")))
+        res["checkpoint_first"].append(timed(comm, lambda: ckpt.checkpoint(0, "local")))
         for _ in range(a.reps + 2):          # the first two fill keep=2 and the spare
             step += 1
-            res["checkpoint"].append(timed(lambda: ckpt.checkpoint(step, "local")))
+            res["checkpoint"].append(timed(comm, lambda: ckpt.checkpoint(step, "local")))
         res["checkpoint"] = res["checkpoint"][2:]
         real_hasher = storage.new_hasher
 
@@ -83,32 +63,28 @@ def worker(a):
         storage.new_hasher = NoHash
         for _ in range(a.reps):
             step += 1
-            res["no_integrity"].append(timed(lambda: ckpt.checkpoint(step, "local")))
+            res["no_integrity"].append(timed(comm, lambda: ckpt.checkpoint(step, "local")))
         storage.new_hasher = real_hasher
         step += 1
         ckpt.checkpoint(step, "local")  # a checkpoint with real checksums to restart from
         for _ in range(a.reps):
-            res["restart"].append(timed(ckpt.restart))
+            res["restart"].append(timed(comm, ckpt.restart))
     if comm.rank == 0:
-        print("RESULT " + json.dumps(res))
+        print("RESULT " + json.dumps(res), flush=True)
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, "16 MiB per rank, 2 repetitions", hidden=("size",))
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--sizes", default="64,256", help="MiB per rank, comma-separated")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--dir", default=f"/dev/shm/hpcckpt-bench-local-{os.getpid()}")
-    p.add_argument("--quick", action="store_true", help="16 MiB per rank, 3 repetitions")
-    p.add_argument("--out", default=None)
     p.add_argument("--io-chunk", default="1MiB", help="Checkpointer io_chunk (default 1MiB)")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--size", type=int, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         return worker(a)
     if a.quick:
-        a.sizes, a.reps = "16", 3
+        a.sizes, a.reps = "16", 2
     rows = []
     for size in [int(s) for s in a.sizes.split(",")]:
         say(f"integrity / L1: {a.ranks} ranks x {size} MiB, local checkpoints with and without checksums")
@@ -118,7 +94,7 @@ def main(argv=None):
                                     str(a.reps), "--dir", a.dir, "--io-chunk", a.io_chunk])
         finally:
             shutil.rmtree(a.dir, ignore_errors=True)
-        raw = json.loads(next(ln[7:] for ln in out.splitlines() if ln.startswith("RESULT ")))
+        raw = result_line(out)
         total = a.ranks * size * MiB
         row = {"ranks": a.ranks, "mib_per_rank": size, "io_chunk": a.io_chunk, "seconds": {k: median(v) for k, v in raw.items()},
                "samples": raw}
@@ -136,8 +112,7 @@ def main(argv=None):
               f"{m['limit_overwrite']:.0f} MiB/s; checkpoint = {row['checkpoint_fraction_of_limit_overwrite']:.0%} of "
               f"the overwrite limit; integrity {row['integrity_share']:.1%} of the checkpoint time"
               + (f"; {row['speedup_vs_fti']:.1f}x FTI" if "speedup_vs_fti" in row else ""), flush=True)
-    path = write_json("local", {"rows": rows, "command": " ".join(["python", "benchmarks/bench_local.py"]
-                                                                 + (argv if argv is not None else sys.argv[1:]))}, a.out)
+    path = write_json("local", {"rows": rows, "command": command("bench_local.py", argv)}, a.out)
     say(f"wrote {path}")
     return path
 

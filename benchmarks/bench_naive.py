@@ -12,15 +12,13 @@ deleted afterwards, as an application keeping one checkpoint would):
   - disk_fsync (limit):       plain os.write + fsync of the same bytes
 Without fsync the bytes are only in the page cache when the call returns: not durable.
 """
-import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import DISK, MiB, SHM, measure_limits, result_line, run_mpi, say, summarize, timed, write_json  # noqa: E402
+from common import (MiB, command, measure_limits, parser, result_line, run_mpi, say, scratch, summarize,  # noqa: E402
+                    timed, world, write_json)
 
 METHODS = ("np_save", "np_save_fsync", "h5py", "h5py_fsync", "hpcckpt_pfs", "hpcckpt_local")
 
@@ -36,10 +34,9 @@ def fsync_path(path):
 def worker(a):
     import h5py
     import numpy as np
-    from mpi4py import MPI
     import hpcckpt
 
-    comm = MPI.COMM_WORLD
+    comm = world()
     data = np.random.default_rng(comm.rank).integers(0, 2**63, a.size * MiB // 8, dtype=np.int64)
     pfs = os.path.join(a.disk, "naive")
     os.makedirs(pfs, exist_ok=True)
@@ -87,16 +84,10 @@ def worker(a):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, "16 MiB per rank, 2 repetitions")
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--sizes", default="64,256")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="16 MiB per rank, 2 repetitions")
-    p.add_argument("--out", default=None)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--size", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--shm", help=argparse.SUPPRESS)
-    p.add_argument("--disk", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         return worker(a)
@@ -105,14 +96,9 @@ def main(argv=None):
     rows = []
     for size in [int(s) for s in a.sizes.split(",")]:
         say(f"naive {a.ranks} ranks x {size} MiB: np.save, h5py (with and without fsync), hpcckpt pfs and local")
-        shm = tempfile.mkdtemp(prefix="hpcckpt-bench-naive-", dir=SHM)
-        disk = tempfile.mkdtemp(prefix="hpcckpt-bench-naive-", dir=DISK)
-        try:
+        with scratch("naive") as (shm, disk):
             raw = result_line(run_mpi(a.ranks, [os.path.abspath(__file__), "--worker", "--size", str(size),
                                                 "--reps", str(a.reps), "--shm", shm, "--disk", disk]))
-        finally:
-            shutil.rmtree(shm, ignore_errors=True)
-            shutil.rmtree(disk, ignore_errors=True)
         limit = summarize(raw.pop("limits"), a.ranks * size)
         row = {"mib_per_rank": size, "limit": limit, **summarize(raw, a.ranks * size)}
         lim = limit["mib_s"]["disk_fsync"]
@@ -121,7 +107,7 @@ def main(argv=None):
         row["hpcckpt_local_vs"] = {k: row["mib_s"]["hpcckpt_local"] / row["mib_s"][k] for k in METHODS[:4]}
         rows.append(row)
         say(f"  disk fsync limit {lim:.0f} MiB/s; " + ", ".join(f"{k} {row['mib_s'][k]:.0f}" for k in METHODS) + " MiB/s")
-    path = write_json("naive", {"command": " ".join(["python", "benchmarks/bench_naive.py"] + (argv or sys.argv[1:])),
+    path = write_json("naive", {"command": command("bench_naive.py", argv),
                                 "ranks": a.ranks, "reps": a.reps, "rows": rows}, a.out)
     say(f"wrote {path}")
     return path

@@ -8,9 +8,13 @@ Each sample is a new ``python -c`` process timing, with 1 MiB blocks: ``import h
 ``import hpcckpt.codecs`` (imports Numba), the first xor_into, rs_encode (4+2) and rs_decode
 (2 lost) calls, and the first Checkpointer-free checksum. The warm figures are what every
 restarted job pays; the cold ones what the first job on a new machine (or a read-only,
-uncached install) pays.
+uncached install) pays. --quick: warm only, one sample, after filling the project's cache
+(NUMBA_CACHE_DIR) with the same calls, in this process when its Numba caches there (in the
+suite that costs next to nothing: bench_codecs loaded the kernels already), else in a process
+of its own.
 """
-import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -18,8 +22,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import env_for_jobs, median, say, write_json  # noqa: E402
+from common import command, env_for_jobs, median, parser, say, write_json  # noqa: E402
 
 PROBE = r"""
 import json, time
@@ -52,18 +57,28 @@ def probe(cache_dir):
     return json.loads(next(ln[7:] for ln in out.splitlines() if ln.startswith("RESULT ")))
 
 
+def warm_here(cache_dir):
+    """Fill ``cache_dir`` by running the probe in this process, if this process's Numba caches
+    there (in the suite, after bench_codecs, it costs next to nothing); False if it does not."""
+    os.environ.setdefault("NUMBA_CACHE_DIR", cache_dir)    # read when Numba is first imported
+    import numba
+    if os.path.abspath(numba.config.CACHE_DIR or os.curdir) != os.path.abspath(cache_dir):
+        return False
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(PROBE, {})
+    return True
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, "warm only, from the project's own cache (a cold compile takes 10-80 s here)", hidden=())
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--quick", action="store_true",
-                   help="warm only, from the project's own cache (a cold compile takes 10-80 s here)")
-    p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     samples = {"cold": [], "warm": []}
     if a.quick:
         say("numba start-up (quick): warm only, from NUMBA_CACHE_DIR")
         cache = env_for_jobs()["NUMBA_CACHE_DIR"]
-        probe(cache)
+        if not warm_here(cache):          # the same calls in a process of their own, not timed
+            probe(cache)
         samples = {"warm": [probe(cache)]}
     for i in range(0 if a.quick else a.reps):
         say(f"numba start-up [{i + 1}/{a.reps}]: a cold cache, then the same cache warm")
@@ -81,7 +96,7 @@ def main(argv=None):
         say(f"  {kind}: import hpcckpt {m['import_hpcckpt']:.2f} s, codecs+numba {m['import_codecs_numba']:.2f} s, "
             f"first xor/rs-encode/rs-decode {m['first_xor']:.2f}/{m['first_rs_encode']:.2f}/{m['first_rs_decode']:.2f} s, "
             f"total {m['total']:.2f} s")
-    path = write_json("numba", {"command": " ".join(["python", "benchmarks/bench_numba.py"] + (argv or sys.argv[1:])),
+    path = write_json("numba", {"command": command("bench_numba.py", argv),
                                 "reps": a.reps, "medians": med, "samples": samples}, a.out)
     say(f"wrote {path}")
     return path

@@ -16,16 +16,15 @@ checks the data bit for bit. What is deleted before each job 2:
 Note: ``init`` includes the first use of hpcckpt's lazily imported internals (NumPy kernels,
 Numba), as FTI's figure includes FTI_Init.
 """
-import argparse
 import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import DISK, FTI_RECOVERY_S, MiB, SHM, median, result_line, run_mpi, say, write_json  # noqa: E402
+from common import (FTI_RECOVERY_S, MiB, command, median, parser, result_line, run_mpi, say, scratch,  # noqa: E402
+                    world, write_json)
 
 LEVELS = ("local", "partner", "xor", "rs", "pfs")
 
@@ -36,7 +35,7 @@ def worker(a):
     from mpi4py import MPI
     import hpcckpt
 
-    comm = MPI.COMM_WORLD
+    comm = world()
     n = a.size * MiB // 8
     cfg = dict(name="rec", cache_dir=os.path.join(a.shm, "node{node}"), pfs_dir=os.path.join(a.disk, "pfs"),
                ranks_per_node=1, group_size=4, rs_parity=2)
@@ -69,18 +68,11 @@ def worker(a):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, "rs only, 16 MiB per rank, 1 repetition", hidden=("shm", "disk", "phase", "level"))
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--size", type=int, default=256, help="MiB per rank")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--levels", default=",".join(LEVELS))
-    p.add_argument("--quick", action="store_true", help="rs only, 16 MiB per rank, 1 repetition")
-    p.add_argument("--out", default=None)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--phase", help=argparse.SUPPRESS)
-    p.add_argument("--level", help=argparse.SUPPRESS)
-    p.add_argument("--shm", help=argparse.SUPPRESS)
-    p.add_argument("--disk", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         return worker(a)
@@ -89,12 +81,10 @@ def main(argv=None):
     rows = {}
     for level in a.levels.split(","):
         say(f"recovery {level}: {a.ranks} ranks x {a.size} MiB, crash then {a.reps} restarts")
-        shm = tempfile.mkdtemp(prefix="hpcckpt-bench-rec-", dir=SHM)
-        disk = tempfile.mkdtemp(prefix="hpcckpt-bench-rec-", dir=DISK)
-        common_args = [os.path.abspath(__file__), "--worker", "--size", str(a.size), "--level", level,
-                       "--shm", shm, "--disk", disk]
         samples = {"init": [], "restart": [], "total": [], "wall": []}
-        try:
+        with scratch("rec") as (shm, disk):
+            common_args = [os.path.abspath(__file__), "--worker", "--size", str(a.size), "--level", level,
+                           "--shm", shm, "--disk", disk]
             run_mpi(a.ranks, common_args + ["--phase", "save"])
             for _ in range(a.reps):
                 if level in ("partner", "xor", "rs"):
@@ -107,9 +97,6 @@ def main(argv=None):
                 samples["wall"].append(time.perf_counter() - t)
                 for k in ("init", "restart", "total"):
                     samples[k].append(r[k])
-        finally:
-            shutil.rmtree(shm, ignore_errors=True)
-            shutil.rmtree(disk, ignore_errors=True)
         row = {"lost": {"local": "nothing", "pfs": "every node's cache"}.get(level, "virtual node 1's cache"),
                "seconds": {k: median(v) for k, v in samples.items()}, "samples": samples}
         row["restart_mib_s"] = a.ranks * a.size / row["seconds"]["restart"]
@@ -120,7 +107,7 @@ def main(argv=None):
         s = row["seconds"]
         say(f"  {level}: init {s['init']:.2f} s + restart {s['restart']:.2f} s = {s['total']:.2f} s "
             f"(whole job {s['wall']:.1f} s)" + (f"; FTI {row['fti_s']} s: {row['x_fti']:.1f}x FTI's speed" if "x_fti" in row else ""))
-    path = write_json("recovery", {"command": " ".join(["python", "benchmarks/bench_recovery.py"] + (argv or sys.argv[1:])),
+    path = write_json("recovery", {"command": command("bench_recovery.py", argv),
                                    "ranks": a.ranks, "mib_per_rank": a.size, "reps": a.reps, "levels": rows}, a.out)
     say(f"wrote {path}")
     return path

@@ -9,13 +9,12 @@ and per size: aggregate bandwidth at each rank count relative to the smallest ra
 (1.0 = the aggregate does not grow with ranks: this 2-core host is saturated; the limits
 measured in the same jobs are scaled the same way for comparison).
 """
-import argparse
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import RESULTS, say, write_json  # noqa: E402
+from common import RESULTS, parser, say, write_json  # noqa: E402
 
 
 def fit(points):
@@ -30,10 +29,8 @@ def fit(points):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, "(no effect: this script only reads levels.json)", hidden=())
     p.add_argument("--levels", default=os.path.join(RESULTS, "levels.json"), help="bench_levels.py's JSON")
-    p.add_argument("--out", default=None)
-    p.add_argument("--quick", action="store_true", help="(no effect: this script only reads levels.json)")
     a = p.parse_args(argv)
     with open(a.levels) as f:
         lv = json.load(f)

@@ -4,7 +4,8 @@ limits every result is compared against, FTI's figures (../shared/ANCHORS.md) an
 Conventions of every script: time = the slowest rank between two barriers; aggregate bandwidth
 = ranks x bytes per rank / time; MiB/s = 2**20 bytes/s, GB/s = 1e9 bytes/s; medians.
 """
-import glob
+import argparse
+import contextlib
 import json
 import os
 import platform
@@ -16,6 +17,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from hpcckpt import mpich_shm
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 MiB = 1 << 20
@@ -80,6 +83,36 @@ def say(msg):
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+# ---------------------------------------------------------------------- a script's command line
+def parser(doc, quick_help, hidden=("size", "shm", "disk")):
+    """The options every script has: --quick, --out, and the hidden ones its mpiexec workers get
+    (--worker, plus ``hidden``: --size MiB per rank, --shm / --disk scratch directories)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--out", default=None, help="the JSON file (default benchmarks/results/<name>.json)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    for name in hidden:
+        p.add_argument(f"--{name}", type=int if name == "size" else str, help=argparse.SUPPRESS)
+    return p
+
+
+def command(script, argv):
+    """The command line a result came from, for its JSON."""
+    return " ".join(["python", f"benchmarks/{script}"] + list(argv if argv is not None else sys.argv[1:]))
+
+
+@contextlib.contextmanager
+def scratch(tag):
+    """(shm, disk): a fresh directory on tmpfs (caches) and one on disk (pfs_dir), removed afterwards."""
+    shm = tempfile.mkdtemp(prefix=f"hpcckpt-bench-{tag}-", dir=SHM)
+    disk = tempfile.mkdtemp(prefix=f"hpcckpt-bench-{tag}-", dir=DISK)
+    try:
+        yield shm, disk
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(disk, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------- mpiexec
 def mpiexec():
     local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -87,30 +120,13 @@ def mpiexec():
 
 
 def _mpich_shm():
-    return set(glob.glob(os.path.join(SHM, "mpich_shm_*")))
-
-
-def _mapped_anywhere(paths):
-    """The subset of ``paths`` that some live process (of ours) still maps or holds open."""
-    used = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
-        try:
-            with open(maps) as f:
-                text = f.read()
-        except OSError:
-            continue
-        used.update(p for p in paths if p in text)
-    return used
+    return mpich_shm.snapshot()
 
 
 def cleanup_mpich_shm(before):
-    """Remove the /dev/shm/mpich_shm_* files that appeared since ``before`` and nobody maps."""
-    new = _mpich_shm() - before
-    for path in new - _mapped_anywhere(new):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    """Remove the /dev/shm/mpich* files that appeared since ``before`` and no live process maps
+    or holds open (other jobs may be starting at the same time): hpcckpt.mpich_shm."""
+    mpich_shm.remove_leftovers(before)
 
 
 def env_for_jobs():
@@ -121,34 +137,93 @@ def env_for_jobs():
     return env
 
 
-def run_mpi(nprocs, args, timeout=900, env=None):
-    """Run ``python <args>`` on ``nprocs`` ranks; return stdout (raise on failure). On a timeout
-    the whole process group is killed; MPICH shm files the job left behind are removed."""
-    cmd = [mpiexec(), "-n", str(nprocs), sys.executable, *args]
+MPI_STARTED = "MPI-STARTED"     # rank 0 of a worker prints it once every rank is past MPI_Init (world())
+STARTUP_S = (15, 45, 120)       # not printed by then: the job hung starting up; killed, started again
+
+
+def world():
+    """A worker's COMM_WORLD: imports mpi4py (MPI_Init); once every rank is there, rank 0 tells
+    run_mpi that the job started."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    comm.Barrier()
+    if comm.rank == 0:
+        print(MPI_STARTED, flush=True)
+    return comm
+
+
+def _run_job(cmd, timeout, env, startup):
+    """One mpiexec job: (returncode, stdout, stderr), or None when its ranks did not all get past
+    MPI_Init within ``startup`` seconds (the job is killed). Raises SystemExit on a timeout."""
     before = _mpich_shm()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True, env=env or env_for_jobs())
+                            stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+    out, err, started = [], [], threading.Event()
+
+    def read_out():
+        tail = ""
+        for line in proc.stdout:       # ranks' output can share a line: look at the text, not lines
+            out.append(line)
+            if MPI_STARTED in tail + line:
+                started.set()
+            tail = (tail + line)[-len(MPI_STARTED):]
+        started.set()                  # the job ended (or closed stdout): nothing more to wait for
+
+    readers = [threading.Thread(target=read_out, daemon=True),
+               threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)]
+    for t in readers:
+        t.start()
+
     def stop(*_):
         raise KeyboardInterrupt("terminated")
-    old = signal.signal(signal.SIGTERM, stop) if threading.current_thread() is threading.main_thread() else None
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+
+    def kill():
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        proc.wait()
+        for t in readers:
+            t.join()
         cleanup_mpich_shm(before)
+    old = signal.signal(signal.SIGTERM, stop) if threading.current_thread() is threading.main_thread() else None
+    t0 = time.monotonic()
+    try:
+        if not started.wait(min(startup, timeout)):
+            kill()
+            return None
+        proc.wait(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+    except subprocess.TimeoutExpired:
+        kill()
         raise SystemExit(f"benchmark run timed out after {timeout} s: {' '.join(cmd)}")
     except BaseException:           # Ctrl-C, SIGTERM: the job (its own session) goes too
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        cleanup_mpich_shm(before)
+        kill()
         raise
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
+    for t in readers:
+        t.join()
     cleanup_mpich_shm(before)
-    if proc.returncode != 0:
-        raise SystemExit(f"benchmark run failed ({proc.returncode}): {' '.join(cmd)}\n{err[-3000:]}")
+    return proc.returncode, "".join(out), "".join(err)
+
+
+def run_mpi(nprocs, args, timeout=900, env=None):
+    """Run ``python <args>`` on ``nprocs`` ranks; return stdout (raise on failure). The script's
+    worker must call world(): a job whose ranks are not all past MPI_Init within STARTUP_S[i] is
+    killed and started again. (MPI_Init hangs for good when another process deletes the job's
+    /dev/shm/mpich_shm_* segment while it starts, as a clean-up of "new mpich files" run by a
+    concurrent job does.) On a timeout the whole process group is killed; MPICH shm files the job
+    left behind are removed."""
+    cmd = [mpiexec(), "-n", str(nprocs), sys.executable, *args]
+    for attempt, startup in enumerate(STARTUP_S, 1):
+        res = _run_job(cmd, timeout, env or env_for_jobs(), startup)
+        if res is not None:
+            break
+        say(f"   MPI start-up hung (not every rank past MPI_Init in {startup} s); job killed"
+            + (", starting it again" if attempt < len(STARTUP_S) else ""))
+    else:
+        raise SystemExit(f"benchmark run never started ({len(STARTUP_S)} tries): {' '.join(cmd)}")
+    code, out, err = res
+    if code != 0:
+        raise SystemExit(f"benchmark run failed ({code}): {' '.join(cmd)}\n{err[-3000:]}")
     return out
 
 
