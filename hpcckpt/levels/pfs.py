@@ -184,7 +184,8 @@ class PfsStore:
                     if self.rank == 0:
                         self._write_master(os.path.join(tmp, MASTER), index)
                 except OSError as e:
-                    raise CheckpointWriteError(f"cannot write {e.filename or tmp}: {e.strerror}") from e
+                    why = " ".join(str(e.strerror or e).split())   # HDF5's messages span lines
+                    raise CheckpointWriteError(f"cannot write {e.filename or tmp}: {why}") from e
             files = {lay.node_file(n): size for n, size in
                      sorted({v for v in c.values if v is not None})}
             index = dataclasses.replace(index, files=files)
