@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 from .. import faults, manifest as mf, storage
-from ..codecs.checksum import ALGORITHM, new_hasher
+from ..codecs.checksum import ALGORITHM, digest, new_hasher
 from ..comm import Collective
 from ..errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError, IncompatibleCheckpointError,
                       MismatchError, ProtectError)
@@ -88,6 +88,7 @@ class Index:
     node_of: tuple
     files: dict            # node file name -> size in bytes
     arrays: tuple          # Entries, in protection order
+    master_checksum: str = ""   # XXH3-64 of checkpoint.h5's bytes, checked before HDF5 opens it
 
     def entry(self, name):
         return next((e for e in self.arrays if e.name == name), None)
@@ -96,7 +97,7 @@ class Index:
         return {"format": FORMAT, "version": VERSION, "name": self.name, "step": self.step,
                 "ckpt_id": self.ckpt_id, "world_size": self.world_size, "created": self.created,
                 "checksum_algorithm": ALGORITHM, "master": MASTER, "node_of": list(self.node_of),
-                "files": dict(self.files),
+                "files": dict(self.files), "master_checksum": self.master_checksum,
                 "arrays": [{"name": e.name, "dtype": e.dtype,
                             "global_shape": None if e.global_shape is None else list(e.global_shape),
                             "blocks": [dict({"shape": list(b.shape), "checksum": b.checksum},
@@ -183,12 +184,14 @@ class PfsStore:
                     faults.hit("pfs-written", self.rank, step)
                     if self.rank == 0:
                         self._write_master(os.path.join(tmp, MASTER), index)
+                        master_checksum = _file_digest(os.path.join(tmp, MASTER))
                 except OSError as e:
                     why = " ".join(str(e.strerror or e).split())   # HDF5's messages span lines
                     raise CheckpointWriteError(f"cannot write {e.filename or tmp}: {why}") from e
             files = {lay.node_file(n): size for n, size in
                      sorted({v for v in c.values if v is not None})}
-            index = dataclasses.replace(index, files=files)
+            index = dataclasses.replace(index, files=files,
+                                        master_checksum=master_checksum if self.rank == 0 else "")
             with Collective(self.comm, f"committing pfs checkpoint {step}"):
                 if self.rank == 0:
                     try:
@@ -747,6 +750,9 @@ class PfsStore:
         import h5py
         path = os.path.join(self.step_dir(index.step), MASTER)
         _regular_file(path)
+        # damaged HDF5 metadata can crash libhdf5 itself: check the bytes before HDF5 reads them
+        if _file_digest(path) != index.master_checksum:
+            raise CorruptCheckpointError(f"{path}: does not match its checksum in {MARKER}")
         try:
             with h5py.File(path, "r", locking=False) as f:
                 _check_root_attrs(f, index, FORMAT, path)
@@ -927,6 +933,9 @@ def parse_index(doc, where):
     if not isinstance(files, dict) or set(files) != want_files or \
             not all(mf._is_int(v) and 0 <= v <= mf.MAX_BYTES for v in files.values()):
         raise bad(f"files must give the size of each of {sorted(want_files)[:4]}…")
+    master_checksum = doc.get("master_checksum")
+    if not isinstance(master_checksum, str) or not mf._HEX_RE.match(master_checksum):
+        raise bad("master_checksum must be a hex string")
     arrays = doc.get("arrays")
     if not isinstance(arrays, list) or not arrays or len(arrays) > 100000:
         raise bad("arrays must be a non-empty list")
@@ -938,7 +947,13 @@ def parse_index(doc, where):
         names.add(entry.name)
         entries.append(entry)
     return Index(name=doc["name"], step=step, ckpt_id=doc["ckpt_id"], world_size=size, created=float(created),
-                 node_of=tuple(node_of), files=dict(files), arrays=tuple(entries))
+                 node_of=tuple(node_of), files=dict(files), arrays=tuple(entries), master_checksum=master_checksum)
+
+
+def _file_digest(path):
+    """Local: XXH3-64 (hex) of a small file's bytes."""
+    with open(path, "rb") as f:
+        return digest(f.read())
 
 
 def _parse_entry(a, size, bad):

@@ -165,7 +165,19 @@ def steps_3_and_7(tmp_path_factory):
     return pfs
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "delete-node", "escaping-link"])
+def _resign_master(d):
+    import json
+    import xxhash
+    with open(os.path.join(d, "checkpoint.h5"), "rb") as f:
+        checksum = xxhash.xxh3_64_hexdigest(f.read())
+    with open(os.path.join(d, "COMMITTED.json")) as f:
+        doc = json.load(f)
+    doc["master_checksum"] = checksum
+    with open(os.path.join(d, "COMMITTED.json"), "w") as f:
+        json.dump(doc, f)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete-node", "escaping-link", "flip-master"])
 def test_damage_is_detected_on_every_rank(damage, pfs, steps_3_and_7):
     shutil.copytree(steps_3_and_7, pfs)
     d = step_dir(pfs, 7)
@@ -180,9 +192,19 @@ def test_damage_is_detected_on_every_rank(damage, pfs, steps_3_and_7):
         with h5py.File(os.path.join(d, "checkpoint.h5"), "r+") as f:
             del f["rank_000001"]
             f["rank_000001"] = h5py.ExternalLink("../../../elsewhere.h5", "/rank_000001")
+        _resign_master(d)   # an attacker can update the checksum too: the link check must still hold
+    elif damage == "flip-master":   # checked before HDF5 reads it (damaged metadata can crash libhdf5)
+        with open(os.path.join(d, "checkpoint.h5"), "r+b") as f:
+            f.seek(100)
+            b = f.read(1)
+            f.seek(100)
+            f.write(bytes([b[0] ^ 0xFF]))
     res = app(4, pfs, "restore:7", "verify:7", "restore:3")
     verr = assert_error_everywhere(res, "verify:7", "CorruptCheckpointError", 4, untouched=False)
-    if damage == "escaping-link":
+    if damage == "flip-master":
+        assert "does not match its checksum" in verr[0][1]
+        assert_restored(res, "restore:7")
+    elif damage == "escaping-link":
         assert "elsewhere.h5" in verr[0][1]
         assert_restored(res, "restore:7")          # restore reads the node files, never the links
     else:

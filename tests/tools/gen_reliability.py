@@ -57,13 +57,11 @@ def render(d):
                    f"{fmt_steps(r['expected'])} | {r['observed']} | {r['via']} | {'yes' if r['ok'] else '**NO**'} | {msg} |")
     fuzz = load(d, "fuzz")
     out += ["", "## Corruption fuzzing", "",
-            "**Known problem (2026-12-02, open in issue 8):** the full fuzz run (`RELIABILITY_FULL=1`, seed",
-            "20251202) now dies with a segmentation fault inside libhdf5: `PfsStore.verify` (what",
-            "`hpcckpt verify` runs) opens a byte-flipped pfs `checkpoint.h5` with h5py and HDF5 crashes",
-            "reading one of its attributes. `restart()` never opens that file; node files are opened by",
-            "the pfs restore path, so the same class of crash is possible there. The figures below are",
-            "from the default (CI) run, which passes. Fix planned: a whole-file checksum of every HDF5",
-            "file in COMMITTED.json, checked before HDF5 opens the file.", "",
+            "Found by the full run on 2026-12-02 and fixed: a byte-flipped pfs `checkpoint.h5` could",
+            "crash libhdf5 (segmentation fault) inside `PfsStore.verify` / `hpcckpt verify`. COMMITTED.json",
+            "now records `master_checksum` (XXH3-64 of the file) and the bytes are checked before HDF5",
+            "opens it. Node files are opened by the pfs restore path after their size check and are",
+            "verified per dataset; no crash was seen there in the full runs.", "",
             "`tests/unit/test_fuzz_manifest.py`: one damaged file per case (1-4 random byte flips, or a",
             "truncation at a random length), chosen over every file of a checkpoint. *detected*: the real",
             "restart path fell back (older step or None); *harmless*: it restored the damaged step and the data",

@@ -103,7 +103,7 @@ def test_safe_sources():
 GOOD = {
     "format": "hpcckpt-pfs", "version": 1, "name": "job", "step": 4, "ckpt_id": "abc", "world_size": 2,
     "created": 1.5, "checksum_algorithm": "xxh3_64", "master": "checkpoint.h5", "node_of": [0, 0],
-    "files": {"node_000000.h5": 4096},
+    "files": {"node_000000.h5": 4096}, "master_checksum": "0123456789abcdef",
     "arrays": [
         {"name": "u", "dtype": "<f8", "global_shape": [5, 2],
          "blocks": [{"shape": [2, 2], "offset": [0, 0], "checksum": "ab"},
@@ -136,7 +136,7 @@ def _with(path, value):
 @pytest.mark.parametrize("path,value", [
     (("format",), "hpcckpt-rank"), (("step",), -1), (("step",), True), (("world_size",), 0),
     (("node_of",), [0]), (("node_of",), [0, 2]), (("files",), {"../x.h5": 1}), (("files",), {}),
-    (("checksum_algorithm",), "md5"), (("ckpt_id",), "a/b"), (("master",), "../m.h5"),
+    (("checksum_algorithm",), "md5"), (("ckpt_id",), "a/b"), (("master",), "../m.h5"), (("master_checksum",), None), (("master_checksum",), "not hex"),
     (("arrays", 0, "name"), "../u"), (("arrays", 0, "name"), "rank_000001"), (("arrays", 0, "dtype"), "|O"),
     (("arrays", 0, "blocks", 1, "offset"), [1, 0]),          # overlapping blocks
     (("arrays", 0, "blocks", 1, "shape"), [2, 2]),           # not covering
