@@ -5,18 +5,16 @@ access, so jobs that use neither xor nor rs never import Numba. The Numba kernel
 their first call and are cached on disk (``cache=True``; set NUMBA_CACHE_DIR where the package directory is read-only).
 See docs/CODECS.md.
 """
-__all__ = [
-    "POLY", "EXP_TABLE", "LOG_TABLE", "INV_TABLE", "MUL_TABLE", "gf_mul", "gf_div", "gf_inv",
-    "gf_pow", "gf_matmul", "gf_matinv", "cauchy_matrix", "encoding_matrix", "check_code_params",
-    "xor_into", "xor_accumulate", "xor_into_numpy", "xor_accumulate_numpy",
-    "rs_parity_matrix", "gf_mul_xor_into", "gf_combine_into", "rs_encode", "rs_decode",
-    "rs_decode_coefficients", "gf_mul_xor_into_numpy", "gf_combine_into_numpy",
-    "rs_encode_numpy", "rs_decode_numpy",
-]
-
-_MODULE_OF = {name: "gf256" for name in __all__[:14]}
-_MODULE_OF.update({name: "xor" for name in __all__[14:18]})
-_MODULE_OF.update({name: "rs" for name in __all__[18:]})
+_NAMES = {   # module -> the public names it defines
+    "gf256": ("POLY", "EXP_TABLE", "LOG_TABLE", "INV_TABLE", "MUL_TABLE", "gf_mul", "gf_div", "gf_inv",
+              "gf_pow", "gf_matmul", "gf_matinv", "cauchy_matrix", "encoding_matrix", "check_code_params"),
+    "xor": ("xor_into", "xor_accumulate", "xor_into_numpy", "xor_accumulate_numpy"),
+    "rs": ("rs_parity_matrix", "gf_mul_xor_into", "gf_combine_into", "rs_encode", "rs_decode",
+           "rs_decode_coefficients", "gf_mul_xor_into_numpy", "gf_combine_into_numpy",
+           "rs_encode_numpy", "rs_decode_numpy"),
+}
+_MODULE_OF = {name: module for module, names in _NAMES.items() for name in names}
+__all__ = list(_MODULE_OF)
 
 
 def __getattr__(name):
