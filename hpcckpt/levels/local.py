@@ -149,7 +149,7 @@ class LocalCache:
 
     def _read_buffer(self):
         if self._buffer is None:
-            self._buffer = np.empty(self.cfg.io_chunk, np.uint8)
+            self._buffer = np.empty(min(self.cfg.io_chunk, storage.HASH_PIECE), np.uint8)
         return self._buffer
 
     def verify(self, manifest):

@@ -121,6 +121,22 @@ def test_write_verify_read_round_trip(tmp_path, chunk):
         assert a.tobytes() == o.tobytes()
 
 
+@pytest.mark.parametrize("chunk", [4096, 200 << 10, 1 << 20])
+def test_checksum_written_in_pieces_is_the_whole_array_digest(tmp_path, chunk):
+    """Writing in chunks, each in HASH_PIECE calls hashed after the write, gives the digest of the
+    whole array (sizes that are not multiples of the piece or the chunk included)."""
+    from hpcckpt.codecs.checksum import digest
+    rng = np.random.default_rng(2)
+    arrays = [("a", rng.integers(0, 255, storage.HASH_PIECE * 3 + 17, dtype=np.uint8)),
+              ("b", rng.random(100003)), ("c", np.arange(5, dtype=np.int8))]
+    entries, size = storage.write_arrays(str(tmp_path / "f.dat"), arrays, chunk)
+    data = (tmp_path / "f.dat").read_bytes()
+    assert len(data) == size
+    for (_, a), (_, offset, nbytes, checksum) in zip(arrays, entries):
+        assert checksum == digest(storage.byte_view(a))
+        assert data[offset:offset + nbytes] == a.tobytes()
+
+
 def test_reused_larger_file_is_truncated_and_identical(tmp_path):
     spare = str(tmp_path / "spare.dat")
     storage.write_arrays(spare, [("x", np.ones(100000))], 4096)
