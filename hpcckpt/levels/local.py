@@ -43,6 +43,21 @@ class LocalCache:
     def spare_path(self):
         return os.path.join(self.root, "spare", mf.data_file_name(self.rank))
 
+    def held_spare_path(self, name):
+        """Where a retired file ``name`` of this rank's held directory waits to be overwritten."""
+        return os.path.join(self.root, "spare", f"held_{self.rank:06d}_{name}")
+
+    def held_file(self, step, name):
+        """Local: the path of held file ``name`` for ``step``, with the retired file of the same
+        name moved there when there is one (``reuse_files``): the caller overwrites it in place
+        and truncates it to its size, which on tmpfs is much faster than a new file."""
+        path = os.path.join(self.held_dir(step), name)
+        spare = self.held_spare_path(name)
+        if self.cfg.reuse_files and not os.path.lexists(path) and os.path.isfile(spare) \
+                and not os.path.islink(spare):
+            os.replace(spare, path)
+        return path
+
     def prepare(self):
         """Create the cache directory (local)."""
         storage.makedirs(self.root, self.cfg.dir_mode)
@@ -181,7 +196,14 @@ class LocalCache:
         held = self.held_dir(step)
         if os.path.isdir(held) and not os.path.islink(held):
             for name in os.listdir(held):
-                storage.remove_file(os.path.join(held, name))
+                path = os.path.join(held, name)
+                spare = self.held_spare_path(name)
+                if self.cfg.reuse_files and name.endswith(".dat") and os.path.isfile(path) \
+                        and not os.path.islink(path) and not os.path.exists(spare):
+                    storage.makedirs(os.path.dirname(spare), self.cfg.dir_mode)
+                    os.replace(path, spare)   # kept to be overwritten by the next checkpoint
+                else:
+                    storage.remove_file(path)
             storage.remove_dir_if_empty(held)
         prefix = f"rank_{self.rank:06d}."
         try:

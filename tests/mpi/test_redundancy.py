@@ -66,6 +66,20 @@ def test_one_node_lost_is_rebuilt_bitwise(level, nprocs, rpn, shm_dir, tmp_path,
     assert outputs(tmp_path / "out") == references[nprocs]
 
 
+@pytest.mark.parametrize("level", ["partner", "xor"])
+def test_retired_copies_and_parity_are_overwritten_and_still_restore_bitwise(level, shm_dir, tmp_path):
+    # checkpoints at steps 4, 9, ..., 24 before the crash (keep 2): from step 19 on, each rank's
+    # partner copy / parity overwrites the file retired with an older step (spare/held_*.dat)
+    app(4, str(tmp_path / "refcache"), "local", "--steps", 30, "--out", str(tmp_path / "ref"), "--no-restart")
+    app(4, shm_dir, level, "--steps", 30, "--crash-at", 27, "--crash-rank", 3, expect_ok=False)
+    spares = glob.glob(os.path.join(shm_dir, "node*", "app", "spare", "held_*.dat"))
+    assert len(spares) == 4, spares
+    lose_nodes(shm_dir, 1)
+    res = app(4, shm_dir, level, "--steps", 30, "--out", tmp_path / "out")
+    assert restart_step(res) == 24 and "rebuilt rank(s)" in res.stderr, str(res)
+    assert outputs(tmp_path / "out") == outputs(tmp_path / "ref")
+
+
 def test_xor_two_nodes_in_different_groups(shm_dir, tmp_path, references):
     # 8 ranks, one per node, groups of 4: {0..3} and {4..7}
     res = crash_lose_restart(8, 1, "xor", shm_dir, tmp_path / "out", [1, 6])
