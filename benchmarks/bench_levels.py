@@ -7,8 +7,8 @@ same job, on 2, 4 and 8 ranks and 16-512 MiB per rank.
 
 One mpiexec job per (ranks, MiB per rank). Each job first measures, every rank at once, the
 limits (common.measure_limits: memcpy, tmpfs new file / overwrite, disk write + fsync, MPI ring
-Sendrecv), then for each level: 1-2 untimed warm-up checkpoints (files of retired checkpoints are
-reused from then on), ``reps`` timed checkpoints, and ``reps`` timed restarts, each after losing
+Sendrecv), then for each level: 3 warm-up checkpoints (the first is reported as ``first``; from
+the 4th on, with keep = 2, every file overwrites a retired one), ``reps`` timed checkpoints, and ``reps`` timed restarts, each after losing
 what the level exists for:
   - local:            nothing lost (restart from the cache as it is)
   - partner/xor/rs:   node 1's cache directory deleted (rebuilt from copies / parity)
@@ -26,7 +26,7 @@ from common import (FTI_MIB_S, LIMITS, MiB, command, measure_limits, parser, res
                     say, scratch, summarize, timed, world, write_json)
 
 LEVELS = ("local", "partner", "xor", "rs", "pfs")
-FULL_GRID = "4x16,4x64,4x256,2x64,8x64,2x256"
+FULL_GRID = "4x16,4x64,4x256,4x512,2x64,2x256,8x64,8x256"
 QUICK_GRID = "4x16"
 QUICK_REPS = 2
 LIMIT_OF = {"local": "tmpfs_overwrite", "partner": "tmpfs_overwrite", "xor": "tmpfs_overwrite",
@@ -54,10 +54,14 @@ def worker(a):
                               ranks_per_node=1, group_size=4, rs_parity=2) as ckpt:
         ckpt.protect("data", data)
         step = 0
-        for i, level in enumerate(a.levels.split(",")):
+        for level in a.levels.split(","):
             r = res[level] = {"first": [], "checkpoint": [], "restart": []}
-            for _ in range(2 if i == 0 else 1):
-                r["first"].append(timed(comm, lambda: ckpt.checkpoint(step, level)))
+            # steady state from the 4th checkpoint of a level on (keep = 2): only then do the
+            # files (data, and the copies / parity held for others) overwrite retired ones
+            for w in range(3):
+                t = timed(comm, lambda: ckpt.checkpoint(step, level))
+                if w == 0:
+                    r["first"].append(t)
                 step += 1
             for _ in range(a.reps):
                 r["checkpoint"].append(timed(comm, lambda: ckpt.checkpoint(step, level)))

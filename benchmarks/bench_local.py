@@ -1,6 +1,6 @@
 """Local-level checkpoint and restart bandwidth against the tmpfs write limit, on N ranks.
 
-    python benchmarks/bench_local.py [--ranks 4] [--sizes 64,256] [--reps 5] [--quick] [--out FILE]
+    python benchmarks/bench_local.py [--ranks 4] [--sizes 64,256] [--reps 15] [--quick] [--out FILE]
 
 For each size (MiB per rank) one mpiexec job measures, with every rank working at once:
   - limit_new:        each rank writes its buffer to a new file on the cache filesystem (os.write)
@@ -47,6 +47,8 @@ def worker(a):
         os.unlink(path)
 
     cache = os.path.join(a.dir, "cache", "node{node}")
+    if a.hash_piece:
+        storage.HASH_PIECE = a.hash_piece << 10
     with hpcckpt.Checkpointer(comm, name="bench", cache_dir=cache, ranks_per_node=1, io_chunk=a.io_chunk) as ckpt:
         ckpt.protect("data", data)
         step = 0
@@ -93,12 +95,15 @@ def main(argv=None):
     p = parser(__doc__, "16 MiB per rank, 2 repetitions", hidden=("size",))
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--sizes", default="64,256", help="MiB per rank, comma-separated")
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--reps", type=int, default=15)
     p.add_argument("--dir", default=f"/dev/shm/hpcckpt-bench-local-{os.getpid()}")
     p.add_argument("--io-chunk", default="1MiB", help="Checkpointer io_chunk (default 1MiB)")
+    p.add_argument("--hash-piece", type=int, default=0,
+                   help="KiB per write-then-hash system call (default: storage.HASH_PIECE, 128)")
     a = p.parse_args(argv)
     if a.worker:
         return worker(a)
+    from hpcckpt import storage
     if a.quick:
         a.sizes, a.reps = "16", 2
     rows = []
@@ -107,12 +112,12 @@ def main(argv=None):
         shutil.rmtree(a.dir, ignore_errors=True)
         try:
             out = run_mpi(a.ranks, [os.path.abspath(__file__), "--worker", "--size", str(size), "--reps",
-                                    str(a.reps), "--dir", a.dir, "--io-chunk", a.io_chunk])
+                                    str(a.reps), "--dir", a.dir, "--io-chunk", a.io_chunk, "--hash-piece", str(a.hash_piece)])
         finally:
             shutil.rmtree(a.dir, ignore_errors=True)
         raw = result_line(out)
         total = a.ranks * size * MiB
-        row = {"ranks": a.ranks, "mib_per_rank": size, "io_chunk": a.io_chunk, "seconds": {k: median(v) for k, v in raw.items()},
+        row = {"ranks": a.ranks, "mib_per_rank": size, "io_chunk": a.io_chunk, "hash_piece_kib": a.hash_piece or storage.HASH_PIECE >> 10, "seconds": {k: median(v) for k, v in raw.items()},
                "samples": raw}
         row["mib_s"] = {k: total / MiB / t for k, t in row["seconds"].items()}
         row["checkpoint_fraction_of_limit_overwrite"] = row["mib_s"]["checkpoint"] / row["mib_s"]["limit_overwrite"]

@@ -73,8 +73,9 @@ def worker(a):
                               pfs_dir=os.path.join(a.disk, "pfs"), ranks_per_node=1) as ckpt:
         ckpt.protect("data", data)
         for level in ("pfs", "local"):
-            ckpt.checkpoint(step, level)   # warm-up
-            step += 1
+            for _ in range(3):             # warm-up: from the 4th on, files of retired checkpoints are overwritten
+                ckpt.checkpoint(step, level)
+                step += 1
             res[f"hpcckpt_{level}"] = []
             for _ in range(a.reps):
                 res[f"hpcckpt_{level}"].append(timed(comm, lambda: ckpt.checkpoint(step, level)))
