@@ -81,7 +81,7 @@ class EncodedLevel:
         parity_path, _ = self._paths(step)
         data = deferred.run(map_range, self.cache.data_path(step), 0, sizes[pos])
         deferred.run(storage.makedirs, self.cache.held_dir(step), self.cache.cfg.dir_mode)
-        parity_path = deferred.run(self.cache.held_file, step, os.path.basename(parity_path)) or parity_path
+        deferred.run(self.cache.reuse_held_spare, parity_path)
         fd_out = deferred.run(os.open, parity_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, self.cache.cfg.file_mode)
         deferred.run(faults.hit, "encode", self.comm.rank, step)   # test hook: kill/ENOSPC mid-encoding
 

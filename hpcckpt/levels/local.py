@@ -47,16 +47,24 @@ class LocalCache:
         """Where a retired file ``name`` of this rank's held directory waits to be overwritten."""
         return os.path.join(self.root, "spare", f"held_{self.rank:06d}_{name}")
 
-    def held_file(self, step, name):
-        """Local: the path of held file ``name`` for ``step``, with the retired file of the same
-        name moved there when there is one (``reuse_files``): the caller overwrites it in place
-        and truncates it to its size, which on tmpfs is much faster than a new file."""
-        path = os.path.join(self.held_dir(step), name)
-        spare = self.held_spare_path(name)
+    def reuse_held_spare(self, path):
+        """Local: before writing held file ``path``, move the retired file of the same name there
+        (``reuse_files``); the caller overwrites it in place and truncates it to its size, which
+        on tmpfs is much faster than a new file."""
+        spare = self.held_spare_path(os.path.basename(path))
         if self.cfg.reuse_files and not os.path.lexists(path) and os.path.isfile(spare) \
                 and not os.path.islink(spare):
             os.replace(spare, path)
-        return path
+
+    def _keep_as_spare(self, path, spare):
+        """Move retired file ``path`` to ``spare`` (``reuse_files``) unless a spare is already
+        kept there; True when moved."""
+        if not self.cfg.reuse_files or os.path.islink(path) or not os.path.isfile(path) \
+                or os.path.exists(spare):
+            return False
+        storage.makedirs(os.path.dirname(spare), self.cfg.dir_mode)
+        os.replace(path, spare)
+        return True
 
     def prepare(self):
         """Create the cache directory (local)."""
@@ -187,22 +195,13 @@ class LocalCache:
         With ``reuse_files`` the data file becomes the spare that the next checkpoint overwrites.
         """
         self.uncommit(step)
-        data = self.data_path(step)
-        if self.cfg.reuse_files and os.path.exists(data) and not os.path.islink(data) \
-                and not os.path.exists(self.spare_path):
-            storage.makedirs(os.path.dirname(self.spare_path), self.cfg.dir_mode)
-            os.replace(data, self.spare_path)
+        self._keep_as_spare(self.data_path(step), self.spare_path)
         faults.hit("retire", self.rank, step)
         held = self.held_dir(step)
         if os.path.isdir(held) and not os.path.islink(held):
             for name in os.listdir(held):
                 path = os.path.join(held, name)
-                spare = self.held_spare_path(name)
-                if self.cfg.reuse_files and name.endswith(".dat") and os.path.isfile(path) \
-                        and not os.path.islink(path) and not os.path.exists(spare):
-                    storage.makedirs(os.path.dirname(spare), self.cfg.dir_mode)
-                    os.replace(path, spare)   # kept to be overwritten by the next checkpoint
-                else:
+                if not (name.endswith(".dat") and self._keep_as_spare(path, self.held_spare_path(name))):
                     storage.remove_file(path)
             storage.remove_dir_if_empty(held)
         prefix = f"rank_{self.rank:06d}."

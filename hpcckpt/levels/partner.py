@@ -40,7 +40,9 @@ class PartnerLevel:
             def make(meta):
                 faults.hit("encode", self.comm.rank, step)   # test hook: kill/ENOSPC while storing copies
                 storage.makedirs(self.cache.held_dir(step), self.cache.cfg.dir_mode)
-                return self.cache.held_file(step, os.path.basename(self._copy_paths(step, src)[0]))
+                path = self._copy_paths(step, src)[0]
+                self.cache.reuse_held_spare(path)
+                return path
             return make
         metas = exchange_files(self.comm, sends, [(s, path_for(s)) for s in sources], self.cache.cfg.io_chunk, deferred,
                                self.cache.cfg.file_mode)
