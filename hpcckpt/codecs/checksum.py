@@ -12,3 +12,8 @@ def new_hasher():
 def digest(buffer):
     """Checksum of one whole buffer, as lowercase hex."""
     return xxhash.xxh3_64_hexdigest(buffer)
+
+
+def hexdigest_of(value):
+    """The hex form of an integer digest, as ``hexdigest()`` writes it."""
+    return format(value, "016x")
