@@ -20,6 +20,7 @@ from .units import parse_duration, parse_size
 
 LEVELS = ("local", "partner", "xor", "rs", "pfs")
 POLICIES = ("auto", "fixed", "young", "daly", "multilevel")
+WRITE_METHODS = ("mmap", "pwrite")       # how the local level writes its data files (storage.write_arrays)
 ENV_PREFIX = "HPCCKPT_"
 CACHE_PLACEHOLDERS = ("node", "user", "name")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -51,7 +52,8 @@ class Config:
     exit_safety: float = 2.0
     stop_signals: Any = "auto"          # signals that request a final pfs checkpoint and exit
     async_flush: bool = False           # pfs: return once staged in the cache, flush in the background
-    io_chunk: int = 1 << 20             # bytes hashed and written per system call
+    io_chunk: int = 1 << 20             # bytes hashed and written per step (fault hooks, pwrite calls)
+    write_method: str = "mmap"          # local data files: "mmap" (copy+checksum in one pass) or "pwrite"
     reuse_files: bool = True            # overwrite retired files instead of creating new ones
     cache_fsync: bool = False           # fsync node-local data files (not needed on tmpfs)
     file_mode: int = 0o600
@@ -113,6 +115,8 @@ class Config:
             raise ConfigError(f"exit_safety must be between 1 and 100, got {self.exit_safety}")
         if not (4096 <= self.io_chunk <= 1 << 30):
             raise ConfigError(f"io_chunk must be between 4 KiB and 1 GiB, got {self.io_chunk}")
+        if self.write_method not in WRITE_METHODS:
+            raise ConfigError(f"write_method {self.write_method!r} is not one of {', '.join(WRITE_METHODS)}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
         return self
@@ -121,7 +125,7 @@ class Config:
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _INT_KEYS = ("group_size", "rs_parity", "keep")
 _BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush")
-_STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "log_level")
+_STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "write_method", "log_level")
 _TABLE_KEYS = ("schedule", "level_mtbf")
 
 

@@ -1,11 +1,13 @@
 """Files and directories: atomic writes, safe paths, chunked hashed array I/O (all local)."""
 import errno
 import json
+import mmap
 import os
 
 import numpy as np
 
-from .codecs.checksum import new_hasher
+from .codecs.checksum import hexdigest_of, new_hasher
+from .codecs.xxh3 import copy_and_hash
 from .errors import CorruptCheckpointError, HpcCkptError
 
 MAX_JSON_BYTES = 16 << 20  # a manifest larger than this is refused before parsing
@@ -13,6 +15,8 @@ MAX_JSON_BYTES = 16 << 20  # a manifest larger than this is refused before parsi
 # still in the CPU cache: the copy into the file has just pulled it there, so the checksum costs
 # a cache-hot pass instead of a second trip to memory (docs/BENCHMARKS.md, "Integrity").
 HASH_PIECE = 128 << 10
+# write_method "mmap" needs Linux's MAP_POPULATE and posix_fallocate; elsewhere "pwrite" is used.
+_CAN_MAP = hasattr(mmap, "MAP_POPULATE") and hasattr(os, "posix_fallocate")
 
 
 def makedirs(path, mode=0o700):
@@ -114,48 +118,82 @@ def align(n, to=64):
     return (n + to - 1) // to * to
 
 
-def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault=None):
+def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault=None, method="mmap"):
     """Write arrays back to back (64-byte aligned) into one file, hashing each while writing.
 
-    ``arrays`` is a list of (name, array). Each ``chunk`` is written in HASH_PIECE system calls,
-    each piece hashed just after it is written. If ``reuse`` names an existing file, it is renamed
-    to ``path`` and overwritten in place (much faster than a new file on tmpfs). Returns a list of
-    (name, offset, nbytes, checksum hex) and the file size. ``fault()``, a test hook, is called
-    after each chunk.
+    ``arrays`` is a list of (name, array). ``method`` "mmap" copies each array into the file
+    mapped in memory and hashes it in the same pass (codecs.xxh3); "pwrite" writes each ``chunk``
+    in HASH_PIECE system calls, hashing each piece just after it is written. If ``reuse`` names an
+    existing file, it is renamed to ``path`` and overwritten in place (much faster than a new file
+    on tmpfs). Returns a list of (name, offset, nbytes, checksum hex) and the file size.
+    ``fault()``, a test hook, is called after each chunk.
     """
     if reuse is not None:
         try:
             os.replace(reuse, path)
         except FileNotFoundError:
             pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, mode)
+    layout, offset = [], 0
+    for name, array in arrays:
+        layout.append((name, offset, array.nbytes))
+        offset = align(offset + array.nbytes)
+    size = layout[-1][1] + layout[-1][2] if layout else 0
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, mode)
     try:
-        entries, offset = [], 0
-        for name, array in arrays:
-            data = memoryview(byte_view(array))   # memoryview slices are the cheapest
-            hasher = new_hasher()
-            update = hasher.update
-            nbytes = data.nbytes
-            piece_size = min(chunk, HASH_PIECE)
-            for start in range(0, nbytes, chunk):
-                end = min(start + chunk, nbytes)
-                for at in range(start, end, piece_size):
-                    piece = data[at:min(at + piece_size, end)]
-                    written = os.pwrite(fd, piece, offset + at)
-                    if written != len(piece):
-                        pwrite_all(fd, piece[written:], offset + at + written)
-                    update(piece)   # after the write: the piece is in the CPU cache now
-                if fault is not None:
-                    fault()
-            entries.append((name, offset, nbytes, hasher.hexdigest()))
-            offset = align(offset + nbytes)
-        size = entries[-1][1] + entries[-1][2] if entries else 0
-        os.ftruncate(fd, size)
+        if method == "mmap" and size and _CAN_MAP:
+            digests = _write_mapped(fd, size, arrays, layout, chunk, fault)
+        else:
+            digests = _write_pieces(fd, arrays, layout, chunk, fault)
+            os.ftruncate(fd, size)
         if fsync:
             os.fsync(fd)
     finally:
         os.close(fd)
-    return entries, size
+    return [(name, offset, nbytes, digest) for (name, offset, nbytes), digest in zip(layout, digests)], size
+
+
+def _write_mapped(fd, size, arrays, layout, chunk, fault):
+    """write_arrays' "mmap" method: copy and hash in one pass into the mapped file."""
+    os.ftruncate(fd, size)
+    # Every block must exist before the copy: a page the file system cannot give to a mapped
+    # write kills the process with SIGBUS, where fallocate fails with a clean ENOSPC. An
+    # overwritten file has them all already (and fallocate would walk its pages for nothing).
+    if os.fstat(fd).st_blocks * 512 < size:
+        os.posix_fallocate(fd, 0, size)
+    mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+    try:
+        file_bytes = np.frombuffer(mapping, np.uint8)
+        digests = [hexdigest_of(copy_and_hash(byte_view(array), file_bytes[offset:offset + nbytes], chunk, fault))
+                   for (_, array), (_, offset, nbytes) in zip(arrays, layout)]
+        del file_bytes
+    finally:
+        try:
+            mapping.close()
+        except BufferError:   # a fault's traceback still holds a view: unmapped when collected
+            pass
+    return digests
+
+
+def _write_pieces(fd, arrays, layout, chunk, fault):
+    """write_arrays' "pwrite" method: HASH_PIECE system calls, each piece hashed after its write."""
+    digests = []
+    for (_, array), (_, offset, nbytes) in zip(arrays, layout):
+        data = memoryview(byte_view(array))   # memoryview slices are the cheapest
+        hasher = new_hasher()
+        update = hasher.update
+        piece_size = min(chunk, HASH_PIECE)
+        for start in range(0, nbytes, chunk):
+            end = min(start + chunk, nbytes)
+            for at in range(start, end, piece_size):
+                piece = data[at:min(at + piece_size, end)]
+                written = os.pwrite(fd, piece, offset + at)
+                if written != len(piece):
+                    pwrite_all(fd, piece[written:], offset + at + written)
+                update(piece)   # after the write: the piece is in the CPU cache now
+            if fault is not None:
+                fault()
+        digests.append(hasher.hexdigest())
+    return digests
 
 
 def pwrite_all(fd, view, offset):

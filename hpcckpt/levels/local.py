@@ -89,7 +89,8 @@ class LocalCache:
         chunks = sum(-(-a.nbytes // self.cfg.io_chunk) for _, a, _, _ in arrays)
         fault = faults.HalfWay("write", self.rank, step, max(1, chunks // 2)) if faults.active() else None
         entries, size = storage.write_arrays(path, [(n, a) for n, a, _, _ in arrays], self.cfg.io_chunk,
-                                             self.cfg.file_mode, self.cfg.cache_fsync, reuse, fault)
+                                             self.cfg.file_mode, self.cfg.cache_fsync, reuse, fault,
+                                             self.cfg.write_method)
         table = []
         for (name, array, gshape, goffset), (_, offset, nbytes, checksum) in zip(arrays, entries):
             table.append(mf.ArrayEntry(name, array.dtype.str, tuple(array.shape), offset, nbytes, checksum,

@@ -32,12 +32,14 @@ def test_precedence_defaults_file_env_kwargs(tmp_path):
 def test_environment_values_are_typed():
     env = {"HPCCKPT_REUSE_FILES": "false", "HPCCKPT_RANKS_PER_NODE": "2", "HPCCKPT_MTBF": "1d",
            "HPCCKPT_SCHEDULE": "local=10, partner=2h", "HPCCKPT_LEVEL_MTBF": '{ local = "1h" }',
-           "HPCCKPT_FILE_MODE": "0640", "HPCCKPT_IO_CHUNK": "4MiB", "HPCCKPT_EXIT_SAFETY": "1.5"}
+           "HPCCKPT_FILE_MODE": "0640", "HPCCKPT_IO_CHUNK": "4MiB", "HPCCKPT_EXIT_SAFETY": "1.5",
+           "HPCCKPT_WRITE_METHOD": "pwrite"}
     cfg = Config.load(environ=env)
     assert cfg.reuse_files is False and cfg.ranks_per_node == 2 and cfg.mtbf == 86400.0
     assert cfg.schedule == {"local": ("steps", 10), "partner": ("seconds", 7200.0)}
     assert cfg.level_mtbf == {"local": 3600.0}
     assert cfg.file_mode == 0o640 and cfg.io_chunk == 4 << 20 and cfg.exit_safety == 1.5
+    assert cfg.write_method == "pwrite" and Config.load(environ={}).write_method == "mmap"
 
 
 @pytest.mark.parametrize("env,needle", [
@@ -69,6 +71,7 @@ def test_bad_environment_values(env, needle):
     ({"rs_parity": 4, "group_size": 4}, "smaller than group_size"),
     ({"mtbf": "-1h"}, "mtbf"),
     ({"io_chunk": 10}, "io_chunk"),
+    ({"write_method": "splice"}, "write_method 'splice' is not one of mmap, pwrite"),
     ({"file_mode": "rwx"}, "octal"),
 ])
 def test_bad_values_are_config_errors(kwargs, needle):

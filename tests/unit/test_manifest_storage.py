@@ -7,6 +7,7 @@ import pytest
 
 from hpcckpt import CorruptCheckpointError, IncompatibleCheckpointError, ProtectError
 from hpcckpt import manifest as mf, storage
+from hpcckpt.config import WRITE_METHODS
 
 
 def make_manifest(**changes):
@@ -104,13 +105,14 @@ def test_array_name_and_dtype_checks():
         mf.check_dtype(np.dtype([("a", "<f8")]))
 
 
+@pytest.mark.parametrize("method", WRITE_METHODS)
 @pytest.mark.parametrize("chunk", [4096, 1 << 20])
-def test_write_verify_read_round_trip(tmp_path, chunk):
+def test_write_verify_read_round_trip(tmp_path, chunk, method):
     rng = np.random.default_rng(1)
     arrays = [("a", rng.random(12345)), ("b", np.arange(7, dtype=np.int16).reshape(7, 1)),
               ("c", np.zeros((), np.complex128) + 1j), ("d", np.zeros(0, np.uint8))]
     path = str(tmp_path / "f.dat")
-    entries, size = storage.write_arrays(path, arrays, chunk)
+    entries, size = storage.write_arrays(path, arrays, chunk, method=method)
     assert os.path.getsize(path) == size
     assert all(off % 64 == 0 for _, off, _, _ in entries)
     buf = np.empty(4096, np.uint8)
@@ -121,15 +123,17 @@ def test_write_verify_read_round_trip(tmp_path, chunk):
         assert a.tobytes() == o.tobytes()
 
 
+@pytest.mark.parametrize("method", WRITE_METHODS)
 @pytest.mark.parametrize("chunk", [4096, 200 << 10, 1 << 20])
-def test_checksum_written_in_pieces_is_the_whole_array_digest(tmp_path, chunk):
-    """Writing in chunks, each in HASH_PIECE calls hashed after the write, gives the digest of the
-    whole array (sizes that are not multiples of the piece or the chunk included)."""
+def test_checksum_written_in_pieces_is_the_whole_array_digest(tmp_path, chunk, method):
+    """Writing in chunks (pwrite: each in HASH_PIECE calls hashed after the write; mmap: copied
+    and hashed in one pass) gives the digest of the whole array (sizes that are not multiples of
+    the piece, the block or the chunk included), and the arrays' bytes."""
     from hpcckpt.codecs.checksum import digest
     rng = np.random.default_rng(2)
     arrays = [("a", rng.integers(0, 255, storage.HASH_PIECE * 3 + 17, dtype=np.uint8)),
               ("b", rng.random(100003)), ("c", np.arange(5, dtype=np.int8))]
-    entries, size = storage.write_arrays(str(tmp_path / "f.dat"), arrays, chunk)
+    entries, size = storage.write_arrays(str(tmp_path / "f.dat"), arrays, chunk, method=method)
     data = (tmp_path / "f.dat").read_bytes()
     assert len(data) == size
     for (_, a), (_, offset, nbytes, checksum) in zip(arrays, entries):
@@ -137,14 +141,30 @@ def test_checksum_written_in_pieces_is_the_whole_array_digest(tmp_path, chunk):
         assert data[offset:offset + nbytes] == a.tobytes()
 
 
-def test_reused_larger_file_is_truncated_and_identical(tmp_path):
+@pytest.mark.parametrize("method", WRITE_METHODS)
+@pytest.mark.parametrize("spare_elements", [100000, 1000, 10])
+def test_reused_file_is_resized_and_identical(tmp_path, method, spare_elements):
+    """A spare larger, as large as, or smaller than the new data is overwritten in place."""
     spare = str(tmp_path / "spare.dat")
-    storage.write_arrays(spare, [("x", np.ones(100000))], 4096)
+    storage.write_arrays(spare, [("x", np.ones(spare_elements))], 4096, method=method)
+    inode = os.stat(spare).st_ino
     path = str(tmp_path / "new.dat")
-    small = np.arange(1000, dtype=np.float64)
-    entries, size = storage.write_arrays(path, [("x", small)], 4096, reuse=spare)
-    assert not os.path.exists(spare) and os.path.getsize(path) == size == small.nbytes
+    data = np.arange(1000, dtype=np.float64)
+    entries, size = storage.write_arrays(path, [("x", data)], 4096, reuse=spare, method=method)
+    assert not os.path.exists(spare) and os.path.getsize(path) == size == data.nbytes
+    assert os.stat(path).st_ino == inode
     storage.verify_file(path, size, entries, np.empty(4096, np.uint8))
+    assert open(path, "rb").read() == data.tobytes()
+
+
+@pytest.mark.parametrize("method", WRITE_METHODS)
+def test_a_fault_mid_write_raises_and_leaves_no_descriptor_open(tmp_path, method):
+    def fail():
+        raise OSError(28, "No space left on device (injected fault)")
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="injected"):
+        storage.write_arrays(str(tmp_path / "f.dat"), [("a", np.ones(100000))], 4096, fault=fail, method=method)
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_damage_is_detected(tmp_path):
