@@ -7,10 +7,12 @@ For each size (MiB per rank) one mpiexec job measures, with every rank working a
   - limit_overwrite:  each rank overwrites an existing file of that size
   - checkpoint:       Checkpointer.checkpoint(step, "local") (steady state: files reused)
   - checkpoint_first: the first checkpoint (new files)
-  - no_integrity:     the same checkpoint with hashing switched off (to price integrity), written
-                      in io_chunk system calls as a checkpoint without checksums would be
+  - no_integrity_*:   the same checkpoint with no checksum at all, the data copied into the mapped
+                      file by memcpy (np.copyto) or by the kernel's own loop without the hashing
+                      (non-temporal stores, ntcopy), or written in io_chunk system calls (pwrite);
+                      integrity_share = 1 - (the fastest of the three) / checkpoint
   - hash_cache_hot:   each rank hashes as many bytes as it checkpoints, from a cache-hot piece of
-                      storage.HASH_PIECE bytes: the least any full-strength checksum can cost here
+                      storage.HASH_PIECE bytes: what a separate hashing pass costs at least
   - restart:          Checkpointer.restart() (verify checksums, then read into the arrays)
 Time = slowest rank between two barriers; aggregate bandwidth = ranks x bytes / time; medians.
 FTI 1.6 on the same machine (../shared/ANCHORS.md): 466 MiB/s at 64 MiB per rank, 450 at 256.
@@ -24,6 +26,38 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import MiB, command, median, parser, result_line, run_mpi, say, timed, world, write_file, write_json  # noqa: E402
 
 FTI_L1 = {64: 466.0, 256: 450.0}   # MiB/s aggregate, 4 ranks
+NO_INTEGRITY = ("no_integrity_memcpy", "no_integrity_ntcopy", "no_integrity_pwrite")
+
+
+def compile_nt_copy():
+    """The copy loop of hpcckpt's copy-and-checksum kernel without the checksum: one 64-byte load
+    and one 64-byte non-temporal store per stripe, the source prefetched 4 KiB ahead (the fastest
+    copy we know here), written with the same LLVM helpers as the kernel."""
+    import numba
+    import numpy as np
+    from numba import types
+    from numba.extending import intrinsic
+    from hpcckpt.codecs import xxh3_kernel as K
+    from hpcckpt.codecs.xxh3 import _aligned_empty
+
+    @intrinsic
+    def copy_stripe(typingctx, src, dst, at):
+        def codegen(context, builder, signature, args):
+            src_data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            dst_data = context.make_array(signature.args[1])(context, builder, args[1]).data
+            K._prefetch(builder, builder.gep(src_data, [builder.add(args[2], K.ir.Constant(K._I64, K.PREFETCH_WORDS))]))
+            data = builder.load(K._vector_at(builder, src_data, args[2]), align=8)
+            K._store_nontemporal(builder, data, K._vector_at(builder, dst_data, args[2]))
+            return context.get_dummy_value()
+        return types.void(src, dst, at), codegen
+
+    @numba.njit(boundscheck=False)
+    def nt_copy(src, dst):
+        for i in range(np.uint64(src.size // 8)):
+            copy_stripe(src, dst, i * np.uint64(8))
+        K.store_fence()
+    nt_copy(np.zeros(64, np.uint64), _aligned_empty(512).view(np.uint64))   # compile now, not in a timed run
+    return nt_copy
 
 
 def worker(a):
@@ -37,7 +71,7 @@ def worker(a):
     os.makedirs(root, exist_ok=True)
 
     res = {"limit_new": [], "limit_overwrite": [], "checkpoint": [], "checkpoint_first": [], "hash_cache_hot": [],
-           "no_integrity": [], "restart": []}
+           "no_integrity_memcpy": [], "no_integrity_ntcopy": [], "no_integrity_pwrite": [], "restart": []}
     for _ in range(a.reps):
         path = os.path.join(root, "raw.dat")
         if os.path.exists(path):
@@ -49,14 +83,15 @@ def worker(a):
     cache = os.path.join(a.dir, "cache", "node{node}")
     if a.hash_piece:
         storage.HASH_PIECE = a.hash_piece << 10
-    with hpcckpt.Checkpointer(comm, name="bench", cache_dir=cache, ranks_per_node=1, io_chunk=a.io_chunk) as ckpt:
+    with hpcckpt.Checkpointer(comm, name="bench", cache_dir=cache, ranks_per_node=1, io_chunk=a.io_chunk,
+                              write_method=a.write_method) as ckpt:
         ckpt.protect("data", data)
         step = 0
         res["checkpoint_first"].append(timed(comm, lambda: ckpt.checkpoint(0, "local")))
         for _ in range(2):                   # fill keep=2 and the spare: steady state from here
             step += 1
             ckpt.checkpoint(step, "local")
-        real_hasher, real_piece = storage.new_hasher, storage.HASH_PIECE
+        real = storage.new_hasher, storage.HASH_PIECE, storage.copy_and_hash, storage.write_arrays
 
         class NoHash:
             def update(self, b):
@@ -65,12 +100,28 @@ def worker(a):
             def hexdigest(self):
                 return "0"
 
-        def without_integrity():
-            storage.new_hasher, storage.HASH_PIECE = NoHash, 1 << 40
+        nt_copy = compile_nt_copy()
+
+        def memcpy(src, dst, chunk, after_chunk=None):
+            np.copyto(dst, src)   # glibc: non-temporal stores for large arrays
+            return 0
+
+        def ntcopy(src, dst, chunk, after_chunk=None):
+            whole = src.size // 64 * 64
+            nt_copy(src[:whole].view(np.uint64), dst[:whole].view(np.uint64))
+            dst[whole:] = src[whole:]
+            return 0
+
+        def without_integrity(method, copy=memcpy):
+            def write_by(*args):   # local.py passes write_arrays' arguments in order, the method last
+                return real[3](*args[:7], method)
+            storage.new_hasher, storage.HASH_PIECE, storage.copy_and_hash, storage.write_arrays = (
+                NoHash, 1 << 40, copy, write_by)
             try:
                 ckpt.checkpoint(step, "local")
             finally:
-                storage.new_hasher, storage.HASH_PIECE = real_hasher, real_piece
+                storage.new_hasher, storage.HASH_PIECE, storage.copy_and_hash, storage.write_arrays = real
+        real_hasher = real[0]
         hot = memoryview(data.view(np.uint8)[:storage.HASH_PIECE])
 
         def hash_hot():
@@ -81,7 +132,11 @@ def worker(a):
             step += 1
             res["checkpoint"].append(timed(comm, lambda: ckpt.checkpoint(step, "local")))
             step += 1
-            res["no_integrity"].append(timed(comm, without_integrity))
+            res["no_integrity_memcpy"].append(timed(comm, lambda: without_integrity("mmap")))
+            step += 1
+            res["no_integrity_ntcopy"].append(timed(comm, lambda: without_integrity("mmap", ntcopy)))
+            step += 1
+            res["no_integrity_pwrite"].append(timed(comm, lambda: without_integrity("pwrite")))
             res["hash_cache_hot"].append(timed(comm, hash_hot))
         step += 1
         ckpt.checkpoint(step, "local")  # a checkpoint with real checksums to restart from
@@ -98,6 +153,8 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--dir", default=f"/dev/shm/hpcckpt-bench-local-{os.getpid()}")
     p.add_argument("--io-chunk", default="1MiB", help="Checkpointer io_chunk (default 1MiB)")
+    p.add_argument("--write-method", default="mmap", choices=("mmap", "pwrite"),
+                   help="Checkpointer write_method (default mmap)")
     p.add_argument("--hash-piece", type=int, default=0,
                    help="KiB per write-then-hash system call (default: storage.HASH_PIECE, 128)")
     a = p.parse_args(argv)
@@ -112,16 +169,18 @@ def main(argv=None):
         shutil.rmtree(a.dir, ignore_errors=True)
         try:
             out = run_mpi(a.ranks, [os.path.abspath(__file__), "--worker", "--size", str(size), "--reps",
-                                    str(a.reps), "--dir", a.dir, "--io-chunk", a.io_chunk, "--hash-piece", str(a.hash_piece)])
+                                    str(a.reps), "--dir", a.dir, "--io-chunk", a.io_chunk, "--hash-piece", str(a.hash_piece),
+                                    "--write-method", a.write_method])
         finally:
             shutil.rmtree(a.dir, ignore_errors=True)
         raw = result_line(out)
         total = a.ranks * size * MiB
-        row = {"ranks": a.ranks, "mib_per_rank": size, "io_chunk": a.io_chunk, "hash_piece_kib": a.hash_piece or storage.HASH_PIECE >> 10, "seconds": {k: median(v) for k, v in raw.items()},
+        row = {"ranks": a.ranks, "mib_per_rank": size, "io_chunk": a.io_chunk, "write_method": a.write_method, "hash_piece_kib": a.hash_piece or storage.HASH_PIECE >> 10, "seconds": {k: median(v) for k, v in raw.items()},
                "samples": raw}
         row["mib_s"] = {k: total / MiB / t for k, t in row["seconds"].items()}
         row["checkpoint_fraction_of_limit_overwrite"] = row["mib_s"]["checkpoint"] / row["mib_s"]["limit_overwrite"]
         row["checkpoint_fraction_of_limit_new"] = row["mib_s"]["checkpoint"] / row["mib_s"]["limit_new"]
+        row["seconds"]["no_integrity"] = min(row["seconds"][k] for k in NO_INTEGRITY)
         row["integrity_share"] = 1 - row["seconds"]["no_integrity"] / row["seconds"]["checkpoint"]
         row["integrity_floor"] = row["seconds"]["hash_cache_hot"] / row["seconds"]["checkpoint"]
         if size in FTI_L1 and a.ranks == 4:
