@@ -26,7 +26,6 @@ import uuid
 import numpy as np
 
 from . import faults, manifest as mf, slurm
-from .codecs.xxh3 import fused_available
 from .comm import Collective, agree
 from .config import LEVELS, Config
 from .errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError, IncompatibleCheckpointError,
@@ -88,8 +87,6 @@ class Checkpointer:
         self.cache = LocalCache(self.config, self.topology)
         with Collective(comm, "creating the cache directory"):
             self.cache.prepare()
-        if self.config.write_method == "mmap":
-            fused_available()   # load (or compile) the copy-and-checksum kernel now, not in the first checkpoint
         if set(self.policy_levels) & set(REDUNDANT_LEVELS):
             self._warn_survivability()
         self._setup_slurm()

@@ -1,8 +1,10 @@
-"""Erasure-coding kernels for the XOR and Reed-Solomon levels. Local and pure (no MPI, no I/O).
+"""Erasure-coding kernels for the XOR and Reed-Solomon levels, and the local level's
+copy-and-checksum kernel (xxh3.py). Local and pure (no MPI, no I/O).
 
 Importing this package loads nothing else: each name loads its module (and Numba) on first
-access, so jobs that use neither xor nor rs never import Numba. The Numba kernels compile on
-their first call and are cached on disk (``cache=True``; set NUMBA_CACHE_DIR where the package directory is read-only).
+access, so importing hpcckpt never imports Numba: the first checkpoint does (xxh3.py), and xor
+and rs for their kernels. The Numba kernels compile on their first call and are cached on disk
+(``cache=True``; set NUMBA_CACHE_DIR where the package directory is read-only).
 See docs/CODECS.md.
 """
 _NAMES = {   # module -> the public names it defines
