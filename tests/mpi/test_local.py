@@ -54,6 +54,26 @@ def test_crash_then_bitwise_restart(nprocs, rpn, shm_dir, tmp_path, references):
     assert outputs(tmp_path / "out") == references[nprocs]
 
 
+def test_write_methods_write_the_same_files_and_restart_each_other(shm_dir, tmp_path, references):
+    """write_method mmap (one-pass copy and checksum into the mapped file) and pwrite write the
+    same bytes and checksums; a checkpoint of either restarts bitwise under the other."""
+    caches = {m: os.path.join(shm_dir, m) for m in ("mmap", "pwrite")}
+    for method, cache in caches.items():
+        app(4, cache, "--crash-at", 12, rpn=2, env={"HPCCKPT_WRITE_METHOD": method}, expect_rc="nonzero")
+    files = {m: data_files(c, 9) for m, c in caches.items()}
+    assert len(files["mmap"]) == 4
+    assert [open(f, "rb").read() for f in files["mmap"]] == [open(f, "rb").read() for f in files["pwrite"]]
+
+    def checksums(cache):
+        return [[a["checksum"] for a in json.load(open(m))["arrays"]]
+                for m in sorted(glob.glob(os.path.join(cache, "node*", "app", "step_0000000009", "rank_*.json")))]
+    assert checksums(caches["mmap"]) == checksums(caches["pwrite"]) != []
+    for method, other in (("mmap", "pwrite"), ("pwrite", "mmap")):
+        res = app(4, caches[method], "--out", tmp_path / method, rpn=2, env={"HPCCKPT_WRITE_METHOD": other})
+        assert restart_step(res) == 9
+        assert outputs(tmp_path / method) == references[4]
+
+
 def test_no_checkpoint_returns_none_and_leaves_arrays(shm_dir):
     res = app(2, shm_dir, "--steps", 3)   # the app asserts the arrays are untouched after None
     assert restart_step(res) is None
