@@ -11,9 +11,9 @@ from .codecs.xxh3 import copy_and_hash
 from .errors import CorruptCheckpointError, HpcCkptError
 
 MAX_JSON_BYTES = 16 << 20  # a manifest larger than this is refused before parsing
-# Data is hashed right after it is written (or read) in pieces this small, while the piece is
-# still in the CPU cache: the copy into the file has just pulled it there, so the checksum costs
-# a cache-hot pass instead of a second trip to memory (docs/BENCHMARKS.md, "Integrity").
+# write_method "pwrite" and verify_file hash data right after writing (or reading) it in pieces
+# this small, while the piece is still in the CPU cache: a cache-hot pass instead of a second
+# trip to memory ("mmap" hashes in the copy itself; docs/BENCHMARKS.md, "Integrity").
 HASH_PIECE = 128 << 10
 # write_method "mmap" needs Linux's MAP_POPULATE and posix_fallocate; elsewhere "pwrite" is used.
 _CAN_MAP = hasattr(mmap, "MAP_POPULATE") and hasattr(os, "posix_fallocate")
@@ -186,9 +186,7 @@ def _write_pieces(fd, arrays, layout, chunk, fault):
             end = min(start + chunk, nbytes)
             for at in range(start, end, piece_size):
                 piece = data[at:min(at + piece_size, end)]
-                written = os.pwrite(fd, piece, offset + at)
-                if written != len(piece):
-                    pwrite_all(fd, piece[written:], offset + at + written)
+                pwrite_all(fd, piece, offset + at)
                 update(piece)   # after the write: the piece is in the CPU cache now
             if fault is not None:
                 fault()

@@ -64,6 +64,7 @@ LAST_STRIPE_KEYS = np.frombuffer(SECRET[121:185], "<u8").astype(np.uint64)  # se
 MERGE_KEYS = [int(k) for k in np.frombuffer(SECRET[11:75], "<u8")]       # secret + 11
 INIT_ACC = np.array([PRIME32_3, PRIME64_1, PRIME64_2, PRIME64_3, PRIME64_4, PRIME32_2, PRIME64_5, PRIME32_1],
                     dtype=np.uint64)
+STRIPE_KEYS = np.stack([SECRET_WORDS[s:s + 8] for s in range(STRIPES_PER_BLOCK)])   # key of stripe s of a block
 _SWAP = np.array([1, 0, 3, 2, 5, 4, 7, 6])
 _LO32 = np.uint64(0xFFFFFFFF)
 _U32 = np.uint64(32)
@@ -85,10 +86,9 @@ def _scramble(acc):
 def accumulate_blocks_numpy(words, acc):
     """NumPy reference of ``copy_accumulate_blocks`` without the copy: fold every whole block of
     ``words`` (uint64, a multiple of 128 words) into ``acc`` (8 uint64, updated in place)."""
-    keys = np.stack([SECRET_WORDS[s:s + 8] for s in range(STRIPES_PER_BLOCK)])
     with np.errstate(over="ignore"):
         for block in words.reshape(-1, STRIPES_PER_BLOCK, 8):
-            acc += _stripe_terms(block, keys).sum(axis=0, dtype=np.uint64)
+            acc += _stripe_terms(block, STRIPE_KEYS).sum(axis=0, dtype=np.uint64)
             _scramble(acc)
 
 
@@ -107,8 +107,7 @@ def finish(acc, data, blocks_done):
     with np.errstate(over="ignore"):
         if stripes:
             v = data[start:start + stripes * STRIPE_BYTES].view("<u8").reshape(stripes, 8).astype(np.uint64)
-            keys = np.stack([SECRET_WORDS[s:s + 8] for s in range(stripes)])
-            acc += _stripe_terms(v, keys).sum(axis=0, dtype=np.uint64)
+            acc += _stripe_terms(v, STRIPE_KEYS[:stripes]).sum(axis=0, dtype=np.uint64)
         last = data[n - STRIPE_BYTES:].view("<u8").astype(np.uint64)
         acc += _stripe_terms(last, LAST_STRIPE_KEYS)
     result = n * PRIME64_1 & MASK64

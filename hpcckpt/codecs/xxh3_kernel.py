@@ -15,9 +15,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-BLOCK_WORDS = 128
-STRIPES_PER_BLOCK = 16
-PRIME32_1 = 0x9E3779B1
+from .xxh3 import BLOCK_WORDS, PRIME32_1, STRIPES_PER_BLOCK
+
 PREFETCH_WORDS = 512   # ask for the source 4 KiB ahead: ~15 % faster than the hardware prefetcher alone here
 
 _I32 = ir.IntType(32)
