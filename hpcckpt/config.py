@@ -4,9 +4,11 @@ Precedence: defaults < TOML file < ``HPCCKPT_<KEY>`` environment variables < key
 Unknown keys are an error wherever they come from.
 """
 import dataclasses
+import fcntl
 import getpass
 import os
 import re
+import stat
 import string
 from typing import Any
 
@@ -21,6 +23,8 @@ from .units import parse_duration, parse_size
 LEVELS = ("local", "partner", "xor", "rs", "pfs")
 POLICIES = ("auto", "fixed", "young", "daly", "multilevel")
 WRITE_METHODS = ("mmap", "pwrite")       # how the local level writes its data files (storage.write_arrays)
+STARTS = ("resume", "fresh")             # what restart() does: restore the newest checkpoint, or none
+CONFIG_FILE_MAX = 1 << 20                # a TOML config file larger than this (bytes) is refused
 ENV_PREFIX = "HPCCKPT_"
 CACHE_PLACEHOLDERS = ("node", "user", "name")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -59,6 +63,8 @@ class Config:
     file_mode: int = 0o600
     dir_mode: int = 0o700
     log_level: str = "WARNING"
+    start: str = "resume"               # "resume": restart() restores the newest checkpoint; "fresh": none
+    abort_on_error: bool = True         # MPI_Abort when an exception leaves the block on some ranks only
 
     @classmethod
     def load(cls, config=None, environ=None, **overrides):
@@ -117,6 +123,8 @@ class Config:
             raise ConfigError(f"io_chunk must be between 4 KiB and 1 GiB, got {self.io_chunk}")
         if self.write_method not in WRITE_METHODS:
             raise ConfigError(f"write_method {self.write_method!r} is not one of {', '.join(WRITE_METHODS)}")
+        if self.start not in STARTS:
+            raise ConfigError(f"start {self.start!r} is not one of {', '.join(STARTS)}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
         return self
@@ -124,8 +132,8 @@ class Config:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _INT_KEYS = ("group_size", "rs_parity", "keep")
-_BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush")
-_STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "write_method", "log_level")
+_BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush", "abort_on_error")
+_STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "write_method", "log_level", "start")
 _TABLE_KEYS = ("schedule", "level_mtbf")
 
 
@@ -138,15 +146,52 @@ def _check_keys(mapping, where):
 
 
 def _read_toml(path):
+    """The table of a TOML config file: a regular file (or a symlink to one) of at most
+    CONFIG_FILE_MAX bytes of UTF-8. Opened without blocking, so a FIFO cannot hang the check."""
+    where = f"config file {os.fspath(path)!r}"
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise ConfigError(f"config file {os.fspath(path)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {os.fspath(path)!r} is not valid TOML: {e}") from None
+        raise ConfigError(f"{where} does not exist") from None
     except OSError as e:
-        raise ConfigError(f"config file {os.fspath(path)!r} cannot be read: {e.strerror}") from None
+        raise ConfigError(f"{where} cannot be read: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{where} is not a regular file ({_file_kind(st.st_mode)})")
+        if st.st_size > CONFIG_FILE_MAX:
+            raise ConfigError(f"{where} is larger than {CONFIG_FILE_MAX >> 20} MiB")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        chunks, total = [], 0
+        while total <= CONFIG_FILE_MAX:        # at most CONFIG_FILE_MAX + 1 bytes, even if it grows
+            chunk = os.read(fd, CONFIG_FILE_MAX + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as e:
+        raise ConfigError(f"{where} cannot be read: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    if total > CONFIG_FILE_MAX:
+        raise ConfigError(f"{where} is larger than {CONFIG_FILE_MAX >> 20} MiB")
+    data = b"".join(chunks)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{where} is not valid TOML: {e}") from None
+
+
+def _file_kind(mode):
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "another kind of file"
 
 
 def _from_environ(environ):

@@ -125,3 +125,134 @@ def test_sizes():
     assert parse_size("64MiB") == 64 << 20 and parse_size("2GB") == 2 * 10**9 and parse_size(4096) == 4096
     with pytest.raises(ConfigError):
         parse_size("lots")
+
+
+# -- config files: regular files only, at most 1 MiB, UTF-8 ------------------------------------
+
+def test_fifo_config_is_refused_without_blocking(tmp_path):
+    import os
+    import threading
+    fifo = tmp_path / "run.toml"
+    os.mkfifo(fifo)
+    result = {}
+
+    def load():
+        try:
+            Config.load(str(fifo), environ={})
+        except ConfigError as e:
+            result["error"] = str(e)
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    t.join(5.0)
+    if t.is_alive():                       # unblock the reader so the test process can end
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("Config.load blocked on a FIFO")
+    assert result["error"] == f"config file {str(fifo)!r} is not a regular file (a FIFO)"
+
+
+def test_character_device_is_refused():
+    with pytest.raises(ConfigError, match=r"^config file '/dev/zero' is not a regular file \(a character device\)$"):
+        Config.load("/dev/zero", environ={})
+
+
+def test_directory_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"is not a regular file \(a directory\)$"):
+        Config.load(str(tmp_path), environ={})
+
+
+def test_file_larger_than_one_mib_is_refused(tmp_path):
+    big = tmp_path / "big.toml"
+    with open(big, "wb") as f:
+        f.truncate(2 << 20)
+    with pytest.raises(ConfigError, match=r"^config file '.*big\.toml' is larger than 1 MiB$"):
+        Config.load(str(big), environ={})
+
+
+def test_file_of_exactly_one_mib_is_read(tmp_path):
+    from hpcckpt.config import CONFIG_FILE_MAX
+    line = b'name = "edge"\n'
+    f = tmp_path / "edge.toml"
+    f.write_bytes(line + b"#" * (CONFIG_FILE_MAX - len(line) - 1) + b"\n")
+    assert f.stat().st_size == CONFIG_FILE_MAX
+    assert Config.load(str(f), environ={}).name == "edge"
+    f.write_bytes(f.read_bytes() + b"\n")
+    with pytest.raises(ConfigError, match="larger than 1 MiB"):
+        Config.load(str(f), environ={})
+
+
+def test_growing_file_is_read_only_up_to_the_cap(tmp_path, monkeypatch):
+    """A file whose size says small but that yields more (e.g. it grows) is cut at cap + 1 bytes."""
+    import os
+    from hpcckpt import config as config_mod
+    f = tmp_path / "grows.toml"
+    f.write_text('name = "x"\n')
+    reads = []
+    real_read = os.read
+
+    def endless(fd, n):
+        reads.append(n)
+        return b"#" * n
+    monkeypatch.setattr(config_mod.os, "read", endless)
+    with pytest.raises(ConfigError, match="larger than 1 MiB"):
+        Config.load(str(f), environ={})
+    monkeypatch.setattr(config_mod.os, "read", real_read)
+    assert sum(reads) == config_mod.CONFIG_FILE_MAX + 1
+
+
+def test_non_utf8_file_is_a_config_error(tmp_path):
+    f = tmp_path / "latin.toml"
+    f.write_bytes(b"\xff\xfe")
+    with pytest.raises(ConfigError, match=r"^config file '.*latin\.toml' is not UTF-8 text \(byte 0xff at offset 0\)$"):
+        Config.load(str(f), environ={})
+
+
+def test_symlink_to_a_regular_file_is_fine(tmp_path):
+    real = tmp_path / "real.toml"
+    real.write_text('name = "linked"\n')
+    link = tmp_path / "link.toml"
+    link.symlink_to(real)
+    assert Config.load(str(link), environ={}).name == "linked"
+
+
+def test_unreadable_file_is_a_config_error(tmp_path):
+    import os
+    f = tmp_path / "secret.toml"
+    f.write_text('name = "x"\n')
+    f.chmod(0)
+    if os.access(f, os.R_OK):
+        pytest.skip("running as root: permissions are not enforced")
+    with pytest.raises(ConfigError, match="cannot be read: Permission denied"):
+        Config.load(str(f), environ={})
+
+
+# -- start and abort_on_error ------------------------------------------------------------------
+
+def test_start_and_abort_on_error_defaults():
+    cfg = Config.load(environ={})
+    assert cfg.start == "resume" and cfg.abort_on_error is True
+
+
+def test_start_and_abort_on_error_from_every_layer(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('start = "fresh"\nabort_on_error = false\n')
+    cfg = Config.load(str(f), environ={})
+    assert cfg.start == "fresh" and cfg.abort_on_error is False
+    cfg = Config.load(environ={"HPCCKPT_START": "fresh", "HPCCKPT_ABORT_ON_ERROR": "no"})
+    assert cfg.start == "fresh" and cfg.abort_on_error is False
+    cfg = Config.load(str(f), environ={"HPCCKPT_START": "resume", "HPCCKPT_ABORT_ON_ERROR": "1"})
+    assert cfg.start == "resume" and cfg.abort_on_error is True
+    assert Config.load(str(f), environ={}, start="resume").start == "resume"
+
+
+@pytest.mark.parametrize("kwargs,env,needle", [
+    ({"start": "again"}, {}, r"^start 'again' is not one of resume, fresh$"),
+    ({"start": 1}, {}, "start must be a string"),
+    ({}, {"HPCCKPT_START": "Fresh"}, "start 'Fresh' is not one of resume, fresh"),
+    ({"abort_on_error": "yes"}, {}, "abort_on_error must be true or false"),
+    ({"abort_on_error": 1}, {}, "abort_on_error must be true or false"),
+    ({}, {"HPCCKPT_ABORT_ON_ERROR": "sometimes"}, "HPCCKPT_ABORT_ON_ERROR: expected true or false"),
+])
+def test_bad_start_and_abort_on_error(kwargs, env, needle):
+    with pytest.raises(ConfigError, match=needle):
+        Config.load(environ=env, **kwargs)
