@@ -3,8 +3,11 @@
 The Checkpointer calls a Policy on rank 0 only and broadcasts what it returns:
 ``start()`` once when computing starts (also after a restart), ``decide(step)`` after each step,
 ``record_checkpoint(level, seconds)`` after each checkpoint with its cost (slowest rank), and
-``should_exit()`` to know when to stop before the job's wall-clock end. The clock is injectable
-for tests. See docs/INTERVAL.md for the behaviour and the configuration keys.
+``should_exit()`` to know when to stop before the job's wall-clock end. Periods, compute time
+and step durations are measured on a monotonic clock (``time.monotonic``), so a step of the
+system clock cannot delay or hasten a checkpoint; only the comparisons with ``end_time`` (epoch
+seconds) use the wall clock (``time.time``). Both clocks are injectable for tests. See
+docs/INTERVAL.md for the behaviour and the configuration keys.
 """
 import math
 import time
@@ -12,7 +15,7 @@ from collections import deque
 
 from .errors import ConfigError
 from .interval import LEVELS, daly, multilevel_plan, ordered_levels, young
-from .units import parse_duration
+from .units import format_duration, parse_duration
 
 KINDS = ("auto", "fixed", "young", "daly", "multilevel")
 DEFAULT_FIXED = ("seconds", 3600.0)
@@ -59,10 +62,15 @@ class Policy:
     {level: ("steps", n) | ("seconds", s) | int steps | duration string}. levels: enabled levels.
     end_time: epoch seconds of the job's end, or None. exit_safety (>= 1): the final checkpoint
     is requested once now + step + exit_safety * cost(final level) >= end_time.
+
+    clock: the monotonic clock of periods, compute time and step durations (default
+    time.monotonic). wall_clock: the clock compared with end_time (default time.time; when only
+    ``clock`` is given, that one clock drives both, as a single fake clock in tests does). The
+    ``now=`` arguments of the methods are readings of ``clock``, ``wall=`` of ``wall_clock``.
     """
 
     def __init__(self, *, kind="auto", mtbf=None, level_mtbf=None, schedule=None, levels=("local",),
-                 end_time=None, exit_safety=2.0, clock=time.time):
+                 end_time=None, exit_safety=2.0, clock=None, wall_clock=None):
         if kind not in KINDS:
             raise ConfigError(f"policy: unknown kind {kind!r}; use one of {', '.join(KINDS)}")
         if not levels:
@@ -83,6 +91,7 @@ class Policy:
                 if m <= 0:
                     raise ConfigError(f"level_mtbf.{lv}: must be > 0")
                 self.level_mtbf[lv] = m
+        kind_given = kind
         if kind == "auto":
             kind = "daly" if (self.mtbf is not None or self.level_mtbf is not None) else "fixed"
         if kind in ("young", "daly", "multilevel") and self.mtbf is None and self.level_mtbf is None:
@@ -91,6 +100,8 @@ class Policy:
             raise ConfigError("policy 'multilevel' needs level_mtbf (the MTBF per level)")
         self.kind = kind
         self.schedule = None
+        self.default_schedule = kind == "fixed" and schedule is None
+        self._default_reason = ("no schedule or mtbf given" if kind_given == "auto" else "no schedule given")
         if kind == "fixed":
             raw = schedule if schedule is not None else {self.levels[-1]: DEFAULT_FIXED}
             if not isinstance(raw, dict) or not raw:
@@ -113,7 +124,12 @@ class Policy:
             raise ConfigError(f"exit_safety: must be a number >= 1, got {exit_safety!r}")
         self.exit_safety = exit_safety
         self.final_level = "pfs" if "pfs" in self.levels else self.levels[-1]
+        if clock is None:
+            clock, wall_clock = time.monotonic, (time.time if wall_clock is None else wall_clock)
+        elif wall_clock is None:
+            wall_clock = clock
         self.clock = clock
+        self.wall_clock = wall_clock
         self._costs = {lv: deque(maxlen=COST_WINDOW) for lv in self.levels}
         self._steps = deque(maxlen=STEP_WINDOW)
         self._started = False
@@ -140,6 +156,9 @@ class Policy:
 
     def _now(self, now):
         return self.clock() if now is None else float(now)
+
+    def _wall(self, wall):
+        return self.wall_clock() if wall is None else float(wall)
 
     def start(self, now=None):
         """Start (or restart) the timers: called once when the application starts computing."""
@@ -216,14 +235,14 @@ class Policy:
     def _step_estimate(self):
         return max(self._steps) if self._steps else 0.0
 
-    def _final_due(self, now):
+    def _final_due(self, wall):
         if self.end_time is None:
             return False
-        return now + self._step_estimate() + self.exit_safety * self._cost_or_guess(self.final_level) >= self.end_time
+        return wall + self._step_estimate() + self.exit_safety * self._cost_or_guess(self.final_level) >= self.end_time
 
     # -- decisions ---------------------------------------------------------------------------
 
-    def decide(self, step, now=None):
+    def decide(self, step, now=None, wall=None):
         """The level to checkpoint after step ``step`` (0-based index of the step just done), or None.
 
         Order: (1) with end_time, the final checkpoint (pfs, else the most resilient enabled
@@ -233,7 +252,8 @@ class Policy:
         ("seconds", s) and young/daly periods when the compute since the last checkpoint covering
         the level reaches its period; "multilevel" when the cheapest level's period is reached,
         promoted to the next level on every ratio-th checkpoint covering a level (exact nesting,
-        whatever the step length).
+        whatever the step length). ``now``: a reading of the monotonic clock; ``wall``: of the
+        wall clock (compared with end_time).
         """
         now = self._now(now)
         if not self._started:
@@ -244,7 +264,7 @@ class Policy:
         self._ckpt_since_decide = 0.0
         if self.final_requested or self.final_taken:
             return None
-        if self._final_due(now):
+        if self.end_time is not None and self._final_due(self._wall(wall)):
             self.final_requested = True
             return self.final_level
         if self.kind != "fixed" and not self._probe_requested and not any(self._costs.values()):
@@ -270,15 +290,63 @@ class Policy:
                     due = lv                 # periods() is ordered cheapest -> most resilient
         return due
 
-    def should_exit(self, now=None):
+    def should_exit(self, wall=None):
         """True once the final checkpoint is recorded, or when another step plus a checkpoint of the
-        final level would not end before end_time."""
+        final level would not end before end_time (``wall``: a reading of the wall clock)."""
         if self.final_taken:
             return True
         if self.end_time is None:
             return False
-        now = self._now(now)
-        return now + self._step_estimate() + self._cost_or_guess(self.final_level) >= self.end_time
+        wall = self._wall(wall)
+        return wall + self._step_estimate() + self._cost_or_guess(self.final_level) >= self.end_time
+
+    def summary(self):
+        """One line of plain text: the schedule in force (for the start-up log).
+
+        e.g. "fixed schedule (default: no schedule or mtbf given): local every 60 min of compute",
+        "daly, in compute time: local every 2.3 min, pfs every 41 min (MTBF ...; costs ...)".
+        """
+        if self.kind == "fixed":
+            head = "fixed schedule" + (f" (default: {self._default_reason})" if self.default_schedule else "")
+            parts = []
+            for lv in self.levels:
+                if lv in self.schedule:
+                    unit, amount = self.schedule[lv]
+                    parts.append(f"{lv} every {'step' if amount == 1 else f'{amount} steps'}" if unit == "steps"
+                                 else f"{lv} every {format_duration(amount)} of compute")
+            text = f"{head}: {', '.join(parts)}"
+        else:
+            periods = self.periods()
+            parts = []
+            for i, lv in enumerate(self.levels):
+                p = periods[lv]
+                if math.isinf(p):
+                    parts.append(f"{lv} never on its own")
+                elif self.kind == "multilevel" and i > 0:
+                    below, n = self.levels[i - 1], int(self._ratios[self.levels[i - 1]])
+                    parts.append(f"{lv} {'at every' if n == 1 else f'every {_ordinal(n)}'} {below} checkpoint "
+                                 f"({format_duration(p)})")
+                else:
+                    parts.append(f"{lv} every {format_duration(p)}")
+            if self.level_mtbf is None:
+                mtbf = f"MTBF {format_duration(self.mtbf)} for every level"
+            else:
+                mtbf = "MTBF of the failures each level is the cheapest to survive: " + ", ".join(
+                    f"{lv} {format_duration(1.0 / r)}" if r > 0 else f"{lv} none"
+                    for lv, r in self.rates.items())
+            if any(self._costs.values()):
+                costs = "costs measured so far: " + ", ".join(
+                    f"{lv} {format_duration(self.cost(lv))}" if self._costs[lv]
+                    else f"{lv} not yet (assumed {format_duration(self._cost_or_guess(lv))})"
+                    for lv in self.levels)
+            else:
+                costs = (f"no cost measured yet: {format_duration(UNMEASURED_COST_GUESS)} assumed "
+                         f"until a first {self.levels[0]} checkpoint measures it")
+            text = f"{self.kind}, in compute time: {', '.join(parts)} ({mtbf}; {costs})"
+        if self.end_time is not None:
+            text += (f"; final {self.final_level} checkpoint before the job's end at "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.end_time))}")
+        return text
 
     def describe(self):
         """A JSON-able dict for logs: kind, levels, periods, schedule, costs, MTBFs, end state."""
@@ -296,3 +364,8 @@ class Policy:
             "final_taken": self.final_taken,
             "step_estimate": self._step_estimate(),
         }
+
+
+def _ordinal(n):
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

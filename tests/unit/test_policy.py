@@ -227,3 +227,122 @@ def test_record_checkpoint_validation():
     with pytest.raises(ConfigError):
         p.record_checkpoint("local", -1.0)
     assert math.isfinite(p.compute_since("local"))
+
+
+# -- monotonic clock for periods, wall clock for end_time --------------------------------------
+
+def two_clocks(**kw):
+    mono, wall = Clock(500.0), Clock(1.7e9)
+    p = Policy(clock=mono, wall_clock=wall, **kw)
+    p.start()
+    return p, mono, wall
+
+
+def test_default_clocks_are_monotonic_and_wall():
+    import time
+    p = Policy()
+    assert p.clock is time.monotonic and p.wall_clock is time.time
+    one = Clock()
+    p = Policy(clock=one)                        # one injected clock drives both
+    assert p.clock is one and p.wall_clock is one
+
+
+def test_wall_clock_step_back_does_not_delay_a_30min_schedule():
+    p, mono, wall = two_clocks(kind="fixed", levels=("local",), schedule={"local": "30min"})
+    mono.t += 60.0
+    wall.t += 60.0
+    assert p.decide(0) is None
+    wall.t -= 3600.0                             # the system clock is stepped back an hour
+    mono.t += 1740.0 - 1.0
+    wall.t += 1740.0 - 1.0
+    assert p.decide(1) is None                   # 29 min 59 s of compute
+    mono.t += 1.0
+    wall.t += 1.0
+    assert p.decide(2) == "local"                # 30 min of compute, as measured on the monotonic clock
+    assert p.compute_since("local") == pytest.approx(1800.0)
+
+
+def test_wall_clock_step_forward_neither_fires_the_schedule_nor_inflates_the_step_estimate():
+    p, mono, wall = two_clocks(kind="fixed", levels=("local", "pfs"), schedule={"local": "30min"})
+    p.set_end_time(wall.t + 3600.0)
+    p.record_checkpoint("pfs", 60.0, now=mono.t)  # pfs cost known: 60 s
+    for step in range(3):
+        mono.t += 10.0
+        wall.t += 10.0 + (2400.0 if step == 1 else 0.0)   # a 40 min step of the wall clock at step 1
+        assert p.decide(step) is None
+    assert p.describe()["step_estimate"] == pytest.approx(10.0)
+    assert p.should_exit() is False
+    # the job's end is wall time: 40 min 30 s + 10 s step + 2 x 60 s < 60 min, not due yet
+    wall.t = p.end_time - 10.0 - 2 * 60.0 - 1.0
+    mono.t += 10.0
+    assert p.decide(3) is None
+    wall.t += 1.0
+    mono.t += 10.0
+    assert p.decide(4) == "pfs"                  # final checkpoint, decided on the wall clock
+
+
+def test_explicit_wall_reading_is_compared_with_end_time():
+    p, mono, wall = two_clocks(kind="fixed", levels=("local",), schedule={"local": 1000}, end_time=2000.0)
+    assert p.should_exit(wall=1000.0) is False
+    assert p.should_exit(wall=1999.0) is True    # 60 s guessed cost: no time for another step + checkpoint
+    assert p.decide(0, now=mono.t + 1, wall=1000.0) is None
+    assert p.decide(1, now=mono.t + 2, wall=1900.0) == "local"
+
+
+# -- summary(): the schedule in force, one line -------------------------------------------------
+
+def test_summary_fixed_default():
+    assert Policy(levels=("local",)).summary() == \
+        "fixed schedule (default: no schedule or mtbf given): local every 60 min of compute"
+    assert Policy(kind="fixed", levels=("local", "pfs")).summary() == \
+        "fixed schedule (default: no schedule given): pfs every 60 min of compute"
+
+
+def test_summary_fixed_explicit_steps_and_seconds():
+    p = Policy(kind="fixed", levels=("pfs", "local", "partner"),
+               schedule={"pfs": "2h", "local": 10, "partner": ("steps", 1)})
+    assert p.summary() == "fixed schedule: local every 10 steps, partner every step, pfs every 2 h of compute"
+    p = Policy(levels=("local",), schedule={"local": ("seconds", 90)})
+    assert p.summary() == "fixed schedule: local every 90 s of compute"
+
+
+def test_summary_daly_before_and_after_measuring():
+    p, clock = make(kind="daly", mtbf="24h", levels=("local", "pfs"))
+    guess = daly(UNMEASURED_COST_GUESS, 86400) / 60
+    assert p.summary() == (f"daly, in compute time: local every {guess:.4g} min, pfs every {guess:.4g} min "
+                           "(MTBF 24 h for every level; no cost measured yet: 60 s assumed until a first local "
+                           "checkpoint measures it)")
+    p.record_checkpoint("local", 2.0, now=clock.t + 2)
+    t = daly(2.0, 86400) / 60
+    assert p.summary() == (f"daly, in compute time: local every {t:.4g} min, pfs every {t:.4g} min "
+                           "(MTBF 24 h for every level; costs measured so far: local 2 s, pfs not yet (assumed 2 s))")
+
+
+def test_summary_young_with_level_mtbf_and_a_level_without_failures():
+    p, clock = make(kind="young", level_mtbf={"local": "1h", "partner": "1d"}, levels=("local", "partner", "pfs"))
+    p.record_checkpoint("local", 2.0, now=clock.t + 2)
+    p.record_checkpoint("partner", 8.0, now=clock.t + 20)
+    assert p.summary() == (
+        f"young, in compute time: local every {young(2.0, 3600) / 60:.4g} min, "
+        f"partner every {young(8.0, 86400) / 60:.4g} min, pfs never on its own "
+        "(MTBF of the failures each level is the cheapest to survive: local 60 min, partner 24 h, pfs none; "
+        "costs measured so far: local 2 s, partner 8 s, pfs not yet (assumed 8 s))")
+
+
+def test_summary_multilevel_names_the_nesting():
+    p, clock = make(kind="multilevel", level_mtbf={"local": "1h", "pfs": "1d"}, levels=("local", "pfs"),
+                    end_time=None)
+    p.record_checkpoint("local", 2.0, now=clock.t + 2)
+    p.record_checkpoint("pfs", 60.0, now=clock.t + 100)
+    assert p.summary() == (
+        "multilevel, in compute time: local every 2.015 min, pfs every 26th local checkpoint (52.4 min) "
+        "(MTBF of the failures each level is the cheapest to survive: local 60 min, pfs 24 h; "
+        "costs measured so far: local 2 s, pfs 60 s)")
+
+
+def test_summary_names_the_final_checkpoint_when_the_end_is_known():
+    import time
+    end = 2e9
+    p = Policy(levels=("local", "pfs"), schedule={"local": 5}, end_time=end)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(end))
+    assert p.summary() == f"fixed schedule: local every 5 steps; final pfs checkpoint before the job's end at {stamp}"
