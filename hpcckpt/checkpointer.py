@@ -1,43 +1,56 @@
 """The Checkpointer: the save and restore protocols, step by step, in one place.
 
 Save (``checkpoint``), collective:
-  1. every rank passes the same step and level and protects the same array names;
-  2. each rank writes its arrays into the step directory of its node cache, hashing while
-     writing (no manifest yet: the step does not exist);
-  3. all ranks agree that every rank wrote its data — otherwise every rank raises and the
-     previous checkpoints are untouched;
-  4. each rank writes its manifest atomically (temp + fsync + rename): the commit;
-  5. all ranks agree that every rank committed;
-  6. only then are checkpoints beyond ``keep`` (and leftovers of an abandoned run) retired.
+  1. every rank passes the same step and level (one fixed-size reduction; rank 0's checkpoint id
+     travels in it);
+  2. each rank writes what it checkpoints — its protected arrays and the state dict it passed —
+     into the step directory of its node cache, hashing while writing (no manifest yet: the step
+     does not exist);
+  3. all ranks agree that every rank wrote its data and that the replicated values are the same
+     everywhere — otherwise every rank raises and the previous checkpoints are untouched;
+  4. redundancy for the level: partner copies or xor/rs parity;
+  5. each rank writes its manifest atomically (temp + fsync + rename): the commit; all agree;
+  6. pfs: the committed cache step is flushed to HDF5, now or in the background;
+  7. only then are this run's checkpoints beyond ``keep`` retired. Checkpoints of earlier runs
+     (other epochs) or of other jobs are never removed, except with ``start = "fresh"``.
 Restore (``restart``), collective:
-  1. each rank lists the manifests it can read;
-  2. the candidates are the steps every rank committed with the same checkpoint id;
-  3. newest first: every rank checks its arrays match and re-hashes its data; if any rank
-     cannot verify, all fall back to the next candidate (the arrays are not touched yet);
-  4. every rank fills its protected arrays in place; newer, unusable steps are removed.
+  1. each rank lists the manifests it can read; rank 0 lists the pfs steps;
+  2. only the newest epoch (the newest run) counts; its steps are tried newest first, each chosen
+     by one fixed-size reduction;
+  3. every rank checks that its protected arrays and state match and re-hashes its data; if any
+     rank cannot verify, the redundancy level rebuilds it, else all fall back to the next
+     candidate (nothing is touched yet);
+  4. every rank fills its arrays and state; this run continues that epoch.
+Every per-call message on the success path is a fixed-size reduction on the library's own
+communicator (duplicated from the application's); per-rank details travel only on failure.
 """
 import dataclasses
+import json
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
 
 import numpy as np
 
-from . import faults, manifest as mf, slurm
-from .comm import Collective, agree
+from . import faults, manifest as mf, slurm, state as st
+from .codecs.checksum import digest
+from .comm import U64_MAX, Collective, agree, is_collective, mark_collective, print_abort_notice, reduce_sum_max
 from .config import LEVELS, Config
 from .errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError, IncompatibleCheckpointError,
                      MismatchError, ProtectError)
 from .levels.local import LocalCache
 from .levels.partner import PartnerLevel
-from .levels.pfs import PfsStore
+from .levels.pfs import PfsStore, items_from_manifest, listing as pfs_listing
+from .levels.pfs_index import max_index_bytes
+from .lock import DirLock
 from .topology import Topology, survivability_warnings
 
 log = logging.getLogger("hpcckpt")
-AVAILABLE_LEVELS = ("local", "partner", "xor", "rs", "pfs")
 REDUNDANT_LEVELS = ("partner", "xor", "rs")
+_LEVEL_CODE = {lv: i + 1 for i, lv in enumerate(LEVELS)}     # 0 means "none" in reductions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,39 +70,83 @@ class CheckpointInfo:
 @dataclasses.dataclass
 class _Protected:
     array: np.ndarray
-    global_shape: tuple
-    offset: tuple
+    layout: st.Layout
+
+
+class _Flush:
+    """The background pfs flush of one committed step: a thread, its error, its duration."""
+
+    def __init__(self, step, work):
+        self.step, self.error, self.seconds = step, None, None
+
+        def run():
+            t = time.perf_counter()
+            try:
+                work()
+            except Exception as e:  # noqa: BLE001 - surfaced collectively at the next call
+                self.error = e
+            self.seconds = time.perf_counter() - t
+        self.thread = threading.Thread(target=run, name=f"hpcckpt-flush-{step}", daemon=True)
+        self.thread.start()
+
+    def join(self):
+        """Local: wait for the thread; return its error (or None)."""
+        self.thread.join()
+        return self.error
 
 
 class Checkpointer:
-    """Protects NumPy arrays of an MPI application across failures.
+    """Protects the state of an MPI application across failures.
 
     ``Checkpointer(comm, config=None, **overrides)`` is collective; use it as a context manager.
     """
 
     def __init__(self, comm, config=None, **overrides):
-        self.comm = comm
-        self._closed = False
+        self.comm = comm                 # the application's: never used for the library's messages
+        self._closed = True
+        self._locks = []
+        self._comm = comm.Dup()          # every message of the library goes on this one
         self._arrays = {}
+        self._layouts = {}
         self._last_step = None
         self._due = None
         self._levels = {}
-        self._warned = False
+        self._warned = set()
         self._pfs = None
-        self._flush = None        # the background pfs flush: (step, thread, result dict)
-        self._stopping = False    # a stop was requested (signal or stop file): final pfs checkpoint, then exit
+        self._flush = None               # the background pfs flush (_Flush) or None
+        self._epoch = None               # this run's lineage: known after restart() or the first checkpoint
+        self._clear_others = False       # start = "fresh": remove earlier runs' checkpoints after our first commit
+        self._committed = False
+        self._stopping = False           # a stop was requested (signal or stop file): final pfs checkpoint, then exit
         self._final_done = False
-        with Collective(comm, "Checkpointer configuration"):
+        with Collective(self._comm, "Checkpointer configuration") as c:
             self.config = Config.load(config, **overrides)
             self.policy = self._make_policy()
+            h = _settings_digest(self.config)
+            c.words = [h, U64_MAX - h]
+        if c.result[0] != U64_MAX - c.result[1]:
+            self._settings_differ()
         _setup_logging(self.config, comm.rank)
-        self.topology = Topology.build(comm, self.config.ranks_per_node)
+        self.topology = Topology.build(self._comm, self.config.ranks_per_node)
         self.cache = LocalCache(self.config, self.topology)
-        with Collective(comm, "creating the cache directory"):
-            self.cache.prepare()
-        if set(self.policy_levels) & set(REDUNDANT_LEVELS):
-            self._warn_survivability()
+        with Collective(self._comm, "creating the cache directory"):
+            try:
+                self.cache.prepare()
+            except OSError as e:
+                raise CheckpointWriteError(f"cannot create the cache directory {e.filename or self.cache.root}: "
+                                           f"{e.strerror}") from e
+            self._locks.append(DirLock(os.path.join(self.cache.root, f".lock.rank_{comm.rank:06d}"),
+                                       f"job name {self.config.name!r} in {self.cache.root}", self.config.file_mode))
+        self._closed = False
+        if self.config.abort_on_error:
+            _install_excepthook()
+        if comm.rank == 0:
+            log.info("cache of rank 0: %s; pfs: %s", self.cache.root,
+                     os.path.abspath(os.path.join(self.config.pfs_dir, self.config.name)))
+        self._warn_survivability(self.policy_levels)
         self._setup_slurm()
+        if comm.rank == 0:
+            log.info("%s", self.policy.summary())
 
     def _make_policy(self):
         from .policy import Policy
@@ -98,6 +155,24 @@ class Checkpointer:
         self.policy_levels = tuple(lv for lv in LEVELS if lv in named)
         return Policy(kind=cfg.policy, mtbf=cfg.mtbf, level_mtbf=cfg.level_mtbf, schedule=cfg.schedule,
                       levels=self.policy_levels, end_time=cfg.end_time, exit_safety=cfg.exit_safety)
+
+    def _settings_differ(self):
+        """Collective (failure path): name the settings that differ between ranks, raise everywhere."""
+        mine = {k: v for k, v in self.config.as_dict().items() if k != "log_level"}
+        everyone = self._comm.gather(mine, root=0)
+        text = None
+        if self._comm.rank == 0:
+            for r, theirs in enumerate(everyone):
+                keys = sorted(k for k in mine if theirs.get(k) != mine.get(k))
+                if keys:
+                    text = (f"the configuration differs between ranks: rank {r} has "
+                            + ", ".join(f"{k}={theirs[k]!r}" for k in keys[:4])
+                            + " where rank 0 has " + ", ".join(f"{k}={mine[k]!r}" for k in keys[:4])
+                            + "; every rank must use the same settings (they shape the messages between ranks)")
+                    break
+        text = self._comm.bcast(text, root=0)
+        self._comm.Free()
+        raise mark_collective(HpcCkptError(text))
 
     def _setup_slurm(self):
         """Inside a SLURM job: stop signals only set a flag (default USR1, for --signal=B:USR1@T
@@ -113,12 +188,14 @@ class Checkpointer:
                 self.policy.set_end_time(end)
                 log.info("job %s ends at %s", slurm.job_id(), time.ctime(end))
 
-    def _warn_survivability(self):
-        """Rank 0, once: say what the redundancy levels cannot survive with this placement."""
-        if not self._warned and self.comm.rank == 0:
-            for text in survivability_warnings(self.topology.node_of, self.config.group_size, self.config.rs_parity):
+    def _warn_survivability(self, levels):
+        """Rank 0, once per redundancy level: what it cannot survive with this placement."""
+        new = [lv for lv in levels if lv in REDUNDANT_LEVELS and lv not in self._warned]
+        self._warned.update(new)
+        if new and self.comm.rank == 0:
+            for text in survivability_warnings(self.topology.node_of, self.config.group_size, self.config.rs_parity,
+                                               levels=new):
                 log.warning("%s", text)
-        self._warned = True
 
     # ------------------------------------------------------------------ context manager
     def __enter__(self):
@@ -127,31 +204,51 @@ class Checkpointer:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
             self.close()
-        else:
-            self._closed = True  # no collective calls while an exception unwinds: peers may be elsewhere
+            return False
+        # An exception is unwinding: no collective call, peers may be elsewhere.
+        self._join_flush_unwinding()
+        self._release_locks()
+        self._closed = True
+        if self.config.abort_on_error and _should_abort(exc) and self._comm.size > 1:
+            print_abort_notice(exc, self.comm.rank)
+            self._comm.Abort(_exit_code(exc))
         return False
 
     def close(self):
         """Collective: wait for pending work, then release. Calling it twice is harmless."""
         if not self._closed:
-            self.wait()
-            if self._pfs is not None:
-                self._pfs.close()
-            self._closed = True
+            try:
+                self.wait()
+            finally:
+                if self._pfs is not None:
+                    self._pfs.close()
+                self._release_locks()
+                self._comm.Free()
+                self._closed = True
+
+    def _release_locks(self):
+        for lock in self._locks:
+            lock.release()
+        self._locks = []
 
     def _check_open(self):
         if self._closed:
             raise HpcCkptError("this Checkpointer is closed")
 
-    # ------------------------------------------------------------------ protect
-    def protect(self, name, array, *, global_shape=None, offset=None):
+    # ------------------------------------------------------------------ what to protect
+    def protect(self, name, array, *, global_shape=None, offset=None, layout=None):
         """Local: register ``array`` by reference under ``name``; restart() fills it in place.
 
-        ``global_shape``/``offset`` place the array as a block of a global array (for the pfs
-        level and restarts on another rank count); give both or neither.
+        For code whose buffers never move; state that is rebound, grows or is not an array goes
+        in the ``state`` dict of checkpoint()/restart() instead (docs/PORTING.md).
+        ``global_shape``/``offset`` place the array as a block of a global array (the same as
+        ``layout=hpcckpt.Block(global_shape, offset)``), for the pfs level's restarts on
+        another rank count; ``layout`` may also be hpcckpt.ROWS, REPLICATED or ROOT.
         """
         self._check_open()
         mf.check_array_name(name)
+        if name == st.STATE_ENTRY:
+            raise ProtectError(f"array name {name!r} is reserved by hpcckpt")
         if name in self._arrays:
             raise ProtectError(f"array {name!r} is already protected; call unprotect({name!r}) first")
         if not isinstance(array, np.ndarray):
@@ -165,16 +262,29 @@ class Checkpointer:
         if (global_shape is None) != (offset is None):
             raise ProtectError(f"array {name!r}: give both global_shape and offset, or neither")
         if global_shape is not None:
-            global_shape = _int_tuple(global_shape, name, "global_shape")
-            offset = _int_tuple(offset, name, "offset")
-            mf.check_global_layout(array.shape, global_shape, offset,
-                                   lambda msg: ProtectError(f"array {name!r}: {msg}"))
-        self._arrays[name] = _Protected(array, global_shape, offset)
+            if layout is not None:
+                raise ProtectError(f"array {name!r}: give global_shape/offset or layout, not both")
+            try:
+                layout = st.Block(global_shape, offset)
+            except ProtectError as e:
+                raise ProtectError(f"array {name!r}: {e}") from None
+        layout = st.PER_RANK if layout is None else st.as_layout(layout)
+        _check_layout(name, array, layout, self.comm.rank)
+        self._arrays[name] = _Protected(array, layout)
 
     def unprotect(self, name):
         """Local: stop protecting ``name``."""
         if self._arrays.pop(name, None) is None:
             raise ProtectError(f"array {name!r} is not protected")
+
+    def layout(self, name, layout):
+        """Local: declare how the top-level name ``name`` of the state dict is spread over the
+        ranks: hpcckpt.PER_RANK (default), ROWS, REPLICATED, ROOT or Block(global_shape, offset).
+        Declare again to change it (a block's offset after a redistribution, for instance)."""
+        self._check_open()
+        if not isinstance(name, str) or not st.KEY_RE.match(name):
+            raise ProtectError(f"layout: {name!r} is not a state key")
+        self._layouts[name] = st.as_layout(layout)
 
     @property
     def protected(self):
@@ -185,10 +295,12 @@ class Checkpointer:
     def need_checkpoint(self, step):
         """Collective: the level due at ``step`` (decided on rank 0, the same on every rank), or None."""
         self._check_open()
-        with Collective(self.comm, f"need_checkpoint({step!r})") as c:
-            c.value = (self.policy.decide(step) if self.comm.rank == 0 else None, slurm.stop_requested())
-        level = c.values[0][0]
-        if any(v[1] for v in c.values) and not self._stopping:
+        with Collective(self._comm, f"need_checkpoint({step!r})") as c:
+            due = _LEVEL_CODE.get(self.policy.decide(step), 0) if self.comm.rank == 0 else 0
+            c.words = [due, 1 if slurm.stop_requested() else 0]
+        code, stop = c.result
+        level = LEVELS[code - 1] if code else None
+        if stop and not self._stopping:
             self._stopping = True           # every rank sees this at the same step
             if self.comm.rank == 0:
                 log.warning("stop requested (%s): taking a final pfs checkpoint at step %s",
@@ -201,81 +313,174 @@ class Checkpointer:
     def should_exit(self):
         """Collective: True when the application should stop (wall-clock limit reached)."""
         self._check_open()
-        with Collective(self.comm, "should_exit()") as c:
-            c.value = self.policy.should_exit() if self.comm.rank == 0 else None
-        return bool(c.values[0]) or (self._stopping and self._final_done)
+        with Collective(self._comm, "should_exit()") as c:
+            c.words = [1 if self.comm.rank == 0 and self.policy.should_exit() else 0]
+        return bool(c.result[0]) or (self._stopping and self._final_done)
 
     # ------------------------------------------------------------------ save
-    def checkpoint(self, step, level=None):
-        """Collective: checkpoint the protected arrays as ``step``; return a CheckpointInfo."""
+    def checkpoint(self, step, state=None, level=None):
+        """Collective: checkpoint the protected arrays and the ``state`` dict (what it holds now)
+        as ``step``; return a CheckpointInfo.
+
+        If the previous background pfs flush failed, this checkpoint is still taken, and then
+        its error is raised (a CheckpointWriteError whose ``info`` is this checkpoint's info)."""
         self._check_open()
-        self.wait()               # a background flush must be done (and its error raised) first
+        if isinstance(state, str) and level is None:     # checkpoint(step, "pfs"): the level, as before state dicts
+            state, level = None, state
+        flush_error = self._finish_flush(raise_error=False)
         t0 = time.perf_counter()
         if level is None:
             level = self._due[1] if self._due and self._due[0] == step and self._due[1] else self.config.level
 
-        # 1. the same call on every rank
-        with Collective(self.comm, f"checkpoint({step!r}, level={level!r})") as c:
-            self._check_checkpoint_args(step, level)
-            c.value = (step, level, tuple(self._arrays), uuid.uuid4().hex if self.comm.rank == 0 else None)
-        _check_same(c.values, ("step", "level", "protected array names"))
-        ckpt_id = c.values[0][3]
+        # 1. the same call on every rank; rank 0's checkpoint id comes with it
+        with Collective(self._comm, f"checkpoint({step!r}, level={level!r})") as c:
+            self._check_checkpoint_args(step, level, state)
+            ident = uuid.uuid4().int if self.comm.rank == 0 else 0
+            code = _LEVEL_CODE[level]
+            names = _digest_int(sorted(self._arrays))      # protect() names: the same on every rank
+            c.words = [step, U64_MAX - step, code, U64_MAX - code, ident >> 64, ident & U64_MAX,
+                       names, U64_MAX - names]
+        hi, lo, code_hi, code_lo, id_hi, id_lo, names_hi, names_lo = c.result
+        if hi != U64_MAX - lo or code_hi != U64_MAX - code_lo:
+            raise mark_collective(HpcCkptError(
+                f"the ranks disagree on checkpoint(step, level): steps {U64_MAX - lo}..{hi}, levels "
+                f"{LEVELS[U64_MAX - code_lo - 1]!r}..{LEVELS[code_hi - 1]!r}; every rank must make the same call"))
+        if names_hi != U64_MAX - names_lo:
+            self._names_differ()
+        ckpt_id = f"{(id_hi << 64) | id_lo:032x}"
+        if self._epoch is None:
+            self._epoch = self._new_epoch()
 
         try:
-            manifest, values = self._write_and_commit(step, level, ckpt_id, t0)
+            manifest, nbytes, seconds = self._write_and_commit(step, level, ckpt_id, state, t0)
         except HpcCkptError:
             self._discard(step)  # every rank raises; no rank keeps a piece of this step
+            self._report_lost_flush(flush_error)
             raise
-        seconds = max(v[1] for v in values)
-
-        # 5b. pfs: flush the committed step to the parallel file system (now or in the background)
         self._last_step = step
+        self._committed = True
+
+        # 6. pfs: flush the committed step to the parallel file system (now or in the background)
         if level == "pfs":
             if self.config.async_flush and _threads_ok():
-                self._start_flush(step, ckpt_id, manifest)
+                self._start_flush(manifest)
             else:
-                self._flush_to_pfs(step, ckpt_id, self._array_list())
-                seconds = max(seconds, self.comm.allreduce(time.perf_counter() - t0, op=_max_op()))
-        info = CheckpointInfo(step, level, sum(v[0] for v in values), seconds)
+                try:
+                    self._flush_to_pfs(manifest)
+                except HpcCkptError:
+                    self._report_lost_flush(flush_error)
+                    raise
+                seconds = reduce_sum_max(self._comm, 0, time.perf_counter() - t0)[1]
+        info = CheckpointInfo(step, level, nbytes, seconds)
 
         if self._stopping and level == "pfs":
             self.wait()                     # the final checkpoint must be durable before exiting
             self._final_done = True
-        # 6. retire what the new checkpoint replaces (local; failures only warn)
+        # 7. retire what the new checkpoint replaces (local; failures only warn)
         self._retire(keep_upto=step)
         if self.comm.rank == 0 and level in self.policy_levels:
             self.policy.record_checkpoint(level, seconds)   # rank 0 only: must not raise alone
+        if flush_error is not None:
+            err = CheckpointWriteError(f"{flush_error} — step {step} was checkpointed ({level}) all the same")
+            err.info = info
+            raise mark_collective(err) from flush_error
         return info
 
-    def _write_and_commit(self, step, level, ckpt_id, t0):
-        """Collective: steps 2-5 of the save protocol; returns this rank's manifest and every
-        rank's (bytes, seconds)."""
-        # 2-3. write this rank's data, then agree that every rank did
-        with Collective(self.comm, f"writing checkpoint {step}"):
+    def _names_differ(self):
+        """Collective (failure path): name the protected arrays that differ between ranks."""
+        everyone = self._comm.gather(sorted(self._arrays), root=0)
+        text = None
+        if self._comm.rank == 0:
+            r, theirs = next((r, v) for r, v in enumerate(everyone) if v != everyone[0])
+            text = (f"the ranks disagree on the protected array names: rank 0 has {everyone[0][:8]}, rank {r} has "
+                    f"{theirs[:8]}; every rank must protect the same names (values that exist on some ranks only "
+                    "go in the state dict)")
+        raise mark_collective(HpcCkptError(self._comm.bcast(text, root=0)))
+
+    def _write_and_commit(self, step, level, ckpt_id, state, t0):
+        """Collective: steps 2-5 of the save protocol; returns this rank's manifest, the bytes
+        over all ranks and the seconds of the slowest rank."""
+        # 2-3. write this rank's data, then agree that every rank did (and that replicated
+        # values are equal everywhere: the min and max of their digest, in the same reduction)
+        with Collective(self._comm, f"writing checkpoint {step}") as c:
+            items, replicated_items = self._items(state)
             try:
-                manifest = self.cache.write(step, ckpt_id, level, self._array_list())
+                manifest = self.cache.write(step, ckpt_id, level, self._epoch, items)
                 faults.hit("written", self.comm.rank, step)
             except OSError as e:
                 raise CheckpointWriteError(f"cannot write {e.filename or self.cache.root}: {e.strerror}") from e
-        # 3b. redundancy across nodes: partner copies or parity (collective, errors agreed)
+            replicated = _replicated_digests(manifest, replicated_items)
+            h = _digest_int(replicated)
+            c.words = [h, U64_MAX - h]
+        if c.result[0] != U64_MAX - c.result[1]:
+            self._replicated_differ(replicated, step)
+        # 4. redundancy across nodes: partner copies or parity (collective, errors agreed)
         if level in REDUNDANT_LEVELS:
-            self._warn_survivability()
-            with Collective(self.comm, f"encoding checkpoint {step} ({level})"):
+            self._warn_survivability((level,))
+            with Collective(self._comm, f"encoding checkpoint {step} ({level})"):
                 try:
                     self._level(level).encode(step, manifest)
                 except OSError as e:
                     raise CheckpointWriteError(f"cannot write the {level} redundancy of step {step}: "
-                                               f"{e.strerror} ({e.filename})") from e
-        # 4-5. commit: every rank writes its manifest; agree that every rank did
-        with Collective(self.comm, f"committing checkpoint {step}") as c:
+                                               f"{e.strerror}" + (f" ({e.filename})" if e.filename else "")) from e
+        # 5. commit: every rank writes its manifest; agree that every rank did
+        with Collective(self._comm, f"committing checkpoint {step}"):
             try:
                 faults.hit("commit", self.comm.rank, step)
                 self.cache.commit(manifest)
             except OSError as e:
                 raise CheckpointWriteError(f"cannot write the manifest of step {step}: {e.strerror}") from e
             faults.hit("committed", self.comm.rank, step)
-            c.value = (manifest.data_size, time.perf_counter() - t0)
-        return manifest, c.values
+        nbytes, seconds = reduce_sum_max(self._comm, manifest.data_size, time.perf_counter() - t0)
+        return manifest, nbytes, seconds
+
+    def _items(self, state):
+        """Local: what this rank checkpoints: [(name, array, Layout)], and the encoded state
+        items whose layout is replicated (for the cross-rank check)."""
+        items = [(name, p.array, self._layouts.get(name, p.layout)) for name, p in self._arrays.items()]
+        replicated = {}
+        if state is not None:
+            flat = st.flatten(state)
+            for path, array, top in flat.arrays:
+                layout = self._layouts.get(top, st.PER_RANK)
+                if layout.kind in ("block", "rows") and path != top:
+                    raise ProtectError(f"state[{top!r}]: a {layout.kind} layout needs an array, not a dict of arrays")
+                _check_layout(path, array, layout, self.comm.rank)
+                items.append((path, array, layout))
+            layouts = {}
+            for key in state:
+                layout = self._layouts.get(key, st.PER_RANK)
+                if layout.kind != "rank":
+                    layouts[key] = layout.to_json()
+                if layout.kind == "root" and self.comm.rank != 0:
+                    raise ProtectError(f"state[{key!r}] is declared ROOT (rank 0 only) but rank {self.comm.rank} "
+                                       "holds it")
+                if layout.kind == "replicated":
+                    replicated[key] = flat.document["items"][key]
+            flat.document["layouts"] = layouts
+            items.append((st.STATE_ENTRY, st.document_array(flat.document), st.PER_RANK))
+        names = [n for n, _, _ in items]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ProtectError(f"the names {dup} are both protected and in the state dict")
+        if not items:
+            raise HpcCkptError("nothing to checkpoint: protect() an array or pass a state dict")
+        return items, replicated
+
+    def _replicated_differ(self, replicated, step):
+        """Collective (failure path): name a replicated value that differs, raise everywhere."""
+        everyone = self._comm.gather(replicated, root=0)
+        text = None
+        if self._comm.rank == 0:
+            for r, theirs in enumerate(everyone):
+                keys = sorted(k for k in set(theirs) | set(replicated) if theirs.get(k) != replicated.get(k))
+                if keys:
+                    text = (f"checkpoint {step}: the value(s) {keys[:8]} are declared REPLICATED but rank {r} "
+                            "holds other values than rank 0 (or lacks them); replicated values must be the same "
+                            "on every rank")
+                    break
+        text = self._comm.bcast(text, root=0)
+        raise mark_collective(ProtectError(text))
 
     def _discard(self, step):
         """Local: remove this rank's part of a step that failed to commit (best effort)."""
@@ -284,121 +489,298 @@ class Checkpointer:
         except OSError as e:
             log.warning("rank %d: could not clean up failed step %d: %s", self.comm.rank, step, e)
 
-    def _check_checkpoint_args(self, step, level):
-        if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise HpcCkptError(f"step must be a non-negative integer, got {step!r}")
+    def _check_checkpoint_args(self, step, level, state):
+        if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or not 0 <= step <= mf.MAX_STEP:
+            raise HpcCkptError(f"step must be an integer from 0 to {mf.MAX_STEP}, got {step!r}")
         if level not in LEVELS:
             raise HpcCkptError(f"unknown level {level!r}; levels are {', '.join(LEVELS)}")
-        if level not in AVAILABLE_LEVELS:
-            raise HpcCkptError(f"level {level!r} is not available in this version of hpcckpt "
-                               f"(available: {', '.join(AVAILABLE_LEVELS)})")
-        if not self._arrays:
-            raise HpcCkptError("nothing to checkpoint: protect() at least one array first")
+        if state is not None and not isinstance(state, dict):
+            raise ProtectError(f"state must be a dict, got {type(state).__name__}")
+        if not self._arrays and not state:
+            raise HpcCkptError("nothing to checkpoint: protect() an array or pass a state dict")
         if self._last_step is not None and step <= self._last_step:
             raise HpcCkptError(f"step {step} is not newer than the last checkpoint or restart step "
                                f"{self._last_step}; steps must increase")
 
-    def _array_list(self):
-        return [(name, p.array, p.global_shape, p.offset) for name, p in self._arrays.items()]
+    def _report_lost_flush(self, flush_error):
+        if flush_error is not None and self.comm.rank == 0:
+            log.error("%s", flush_error)
 
     def _retire(self, keep_upto):
-        """Local: keep this rank's newest ``keep`` committed steps up to ``keep_upto``; remove the
-        rest (older ones, uncommitted leftovers, and steps of an abandoned run after it)."""
-        steps = self.cache.steps_on_disk()
-        committed = [s for s in steps if s <= keep_upto and os.path.exists(self.cache.manifest_path(s))]
-        kept = committed[-self.config.keep:]
+        """Local: keep this run's newest ``keep`` committed steps up to ``keep_upto``; remove the
+        rest of this run's (older ones, and newer ones of an abandoned attempt) and uncommitted
+        leftovers. Other runs' and other jobs' checkpoints stay, unless start = "fresh"."""
+        clear = self._clear_others and self._committed
+        ours, remove = [], []
+        for step in self.cache.steps_on_disk():
+            found = self.cache.examine(step)
+            if found is None:
+                remove.append(step)                       # data without a manifest: not a checkpoint
+            elif found.state == "ok" and found.manifest.epoch == self._epoch:
+                ours.append(step)
+            elif clear:
+                remove.append(step)
+        kept = [s for s in ours if s <= keep_upto][-self.config.keep:]
         if self._flush is not None:
-            kept.append(self._flush[0])   # its files are being read by the background flush
-        for step in steps:
-            if step not in kept:
-                try:
-                    self.cache.retire(step)
-                except OSError as e:
-                    log.warning("rank %d: could not remove old checkpoint step %d: %s", self.comm.rank, step, e)
+            kept.append(self._flush.step)                 # its files are being read by the background flush
+        remove += [s for s in ours if s not in kept]
+        for step in sorted(set(remove) - set(kept)):
+            try:
+                self.cache.retire(step)
+            except OSError as e:
+                log.warning("rank %d: could not remove old checkpoint step %d: %s", self.comm.rank, step, e)
+
+    # ------------------------------------------------------------------ lineage
+    def _scan_epochs(self):
+        """Collective: the newest epoch any checkpoint of this job has (0: none), cache and pfs."""
+        with Collective(self._comm, "looking for earlier checkpoints") as c:
+            epochs = [f.manifest.epoch for f in self.cache.scan() if f.manifest is not None]
+            if self.comm.rank == 0:
+                epochs += [e for e, _ in self._pfs_listing().values()]
+            c.words = [max(epochs, default=0)]
+        return c.result[0]
+
+    def _new_epoch(self):
+        """Collective: the epoch of a run that did not restore a checkpoint (one past the newest)."""
+        newest = self._scan_epochs()
+        if newest and self.comm.rank == 0:
+            log.warning("checkpoints of an earlier run of job %r are in %s%s: this run starts afresh and does "
+                        "not remove them (restart() will only consider this run's checkpoints); "
+                        "start = 'fresh' removes them", self.config.name, self.cache.root,
+                        f" or {self.config.pfs_dir}" if self._pfs is not None else "")
+        return newest + 1
 
     # ------------------------------------------------------------------ restore
-    def restart(self):
-        """Collective: fill the protected arrays from the newest step every rank can restore.
+    def restart(self, state=None):
+        """Collective: fill the protected arrays and the ``state`` dict from the newest checkpoint
+        every rank can restore; return its step, or None (nothing is then touched).
 
-        Returns that step, or None when there is none (the arrays are then untouched).
-        """
+        ``state`` must hold the same keys as the checkpointed dict: arrays of the same shape and
+        dtype are filled in place, other entries are replaced (docs/PORTING.md)."""
         self._check_open()
-        with Collective(self.comm, "restart: scanning checkpoints") as c:
-            if not self._arrays:
-                raise HpcCkptError("nothing to restore: protect() the arrays before restart()")
+        self._finish_flush(raise_error=True)
+        if self.config.start == "fresh":
+            self._epoch = self._scan_epochs() + 1
+            self._clear_others = True
+            if self.comm.rank == 0:
+                log.info("start = 'fresh': not restarting; earlier checkpoints of %r are removed after this "
+                         "run's first checkpoint", self.config.name)
+            self.policy.start()
+            return None
+        with Collective(self._comm, "restart: scanning checkpoints") as c:
+            if not self._arrays and state is None:
+                raise HpcCkptError("nothing to restore: protect() arrays or pass a state dict to restart()")
+            if state is not None and not isinstance(state, dict):
+                raise MismatchError(f"restart: state must be a dict, got {type(state).__name__}")
             found = self.cache.scan()
-            c.value = {s: ((m.ckpt_id, m.level) if isinstance(m, mf.RankManifest) else m) for s, m in found.items()}
-        candidates, problems = _candidates(c.values)
-        store = self._pfs_store(create=False)
-        pfs_steps = store.steps() if store is not None else []
-        newest = max([s for s, _, _ in candidates] + pfs_steps, default=-1)
-        newest_incompatible = max((s for s, (kind, _) in problems.items() if kind == "incompatible"), default=-1)
-        if newest_incompatible > newest:
-            raise IncompatibleCheckpointError(problems[newest_incompatible][1])
-        for step, reason in sorted(problems.items(), reverse=True):
-            if step > newest and self.comm.rank == 0:
-                log.warning("step %d cannot be restored: %s", step, reason[1])
-
-        cached = {s: (ckpt_id, level) for s, ckpt_id, level in candidates}
-        for step in sorted(set(cached) | set(pfs_steps), reverse=True):
-            # the cheapest level first: the node-local cache (rebuilt if needed), then pfs
-            restored = step in cached and self._restore_step(step, *cached[step], found.get(step))
-            if not restored and step in pfs_steps:
-                restored = self._restore_from_pfs(step)
+            ok = {f.step: f for f in found if f.state == "ok"}
+            incompatible = [f for f in found if f.state == "incompatible"]
+            damaged = [f for f in found if f.state == "damaged"]
+            pfs = self._pfs_listing() if self.comm.rank == 0 else {}     # {step: (epoch, ckpt_id)}
+            keys = [f.key for f in ok.values()] + [mf.order_key(e, s) for s, (e, _) in pfs.items()]
+            epochs = [mf.split_key(k)[0] for k in keys] + [f.manifest.epoch for f in incompatible if f.manifest]
+            inc_key = max((f.key or 0 for f in incompatible), default=0)
+            unknown = max((f.step + 1 for f in incompatible if f.key is None), default=0)   # a newer format
+            c.words = [max(epochs, default=0), inc_key, 1 if incompatible else 0, 1 if damaged else 0, unknown]
+        newest_epoch, inc_key, any_incompatible, any_damaged, unknown = c.result
+        if unknown:     # of an unknown epoch: taken as this job's newest, so that it stops the restart
+            inc_key = max(inc_key, mf.order_key(max(newest_epoch, 1), unknown - 1))
+        if any_damaged:
+            self._warn_first(damaged[0].reason if damaged else None, "a rank manifest cannot be read")
+        candidates = sorted((k for k in keys if mf.split_key(k)[0] == newest_epoch), reverse=True)
+        first = True
+        while True:
+            # the next candidate: the newest key any rank (or the pfs listing) has, one reduction
+            with Collective(self._comm, "restart: choosing a checkpoint") as c:
+                c.words = [candidates[0] if candidates else 0]
+            key = c.result[0]
+            if first and any_incompatible and (inc_key > key or key == 0):
+                self._raise_incompatible(incompatible, inc_key)
+            first = False
+            if key == 0:
+                break
+            candidates = [k for k in candidates if k < key]
+            step = mf.split_key(key)[1]
+            restored = self._try_cache(step, key, ok.get(step), state)
+            if not restored:
+                restored = self._try_pfs(step, key, pfs, state)
             if restored:
-                self._last_step = step
+                self._epoch, self._last_step = newest_epoch, step
                 self._retire(keep_upto=step)
                 if self.comm.rank == 0:
                     log.info("restarted from step %d", step)
                 self.policy.start()
                 return step
+        self._epoch = newest_epoch + 1
         if self.comm.rank == 0:
-            if cached or pfs_steps or problems:
-                log.warning("no checkpoint can be restored; the arrays are left as they are")
+            if newest_epoch:
+                log.warning("no checkpoint can be restored; the arrays and state are left as they are")
             else:
-                log.info("no checkpoint to restart from (nothing committed in %s%s)", self.config.cache_dir,
-                         f" or {self.config.pfs_dir}" if self.config.pfs_dir else "")
+                log.info("no checkpoint to restart from (nothing committed in %s%s)", self.cache.root,
+                         f" or {self._pfs.root}" if self._pfs is not None else "")
         self.policy.start()
         return None
 
-    def _restore_step(self, step, ckpt_id, level, manifest):
+    def _raise_incompatible(self, incompatible, inc_key):
+        """Collective: raise IncompatibleCheckpointError with the reason of a rank that has it."""
+        mine = next((f.reason for f in incompatible if (f.key or 0) == inc_key), None)
+        mine = mine or next((f.reason for f in incompatible if f.key is None), None)
+        text = self._first_text(mine)
+        raise mark_collective(IncompatibleCheckpointError(text))
+
+    def _first_text(self, text):
+        """Collective: the text of the lowest rank that has one (None on every rank if none)."""
+        with Collective(self._comm, "restart: reporting") as c:
+            c.words = [U64_MAX - self.comm.rank if text is not None else 0]
+        if not c.result[0]:
+            return None
+        return self._comm.bcast(text, root=U64_MAX - c.result[0])
+
+    def _warn_first(self, text, what):
+        text = self._first_text(text)
+        if self.comm.rank == 0:
+            log.warning("%s: %s", what, text)
+
+    def _try_cache(self, step, key, found, state):
+        """Collective: restore ``step`` (epoch key ``key``) from the node caches; False when some
+        rank cannot, even after a rebuild (nothing touched then)."""
+        have = found is not None and found.key == key
+        with Collective(self._comm, f"restart: step {step}") as c:
+            c.words = [U64_MAX - self.comm.rank if have else 0]
+        if not c.result[0]:
+            return False
+        root = U64_MAX - c.result[0]
+        ckpt_id, level = self._comm.bcast((found.manifest.ckpt_id, found.manifest.level) if self.comm.rank == root
+                                          else None, root=root)
+        manifest = found.manifest if have and found.manifest.ckpt_id == ckpt_id else None
+        return self._restore_step(step, ckpt_id, level, manifest, state)
+
+    def _restore_step(self, step, ckpt_id, level, manifest, state):
         """Collective: verify ``step`` on every rank, rebuild lost ranks from redundancy when the
-        level has it, then fill the arrays. False (arrays untouched) when it cannot be restored."""
-        manifest = manifest if isinstance(manifest, mf.RankManifest) else None
-        # 1. every rank re-hashes its own data (protected arrays are checked against the manifest)
-        with Collective(self.comm, f"restart from step {step}") as c:
-            c.value = self._verify_local(step, manifest)
-        problems = [(r, v) for r, v in enumerate(c.values) if v]
-        if problems:
-            # 2. rebuild what is lost from partner copies or parity
+        level has it, then fill. False (nothing touched) when it cannot be restored."""
+        # 1. every rank re-hashes its own data and plans its restore (MismatchError: agreed, raised)
+        with Collective(self._comm, f"restart from step {step}") as c:
+            reason, manifest, plan = self._verify_local(step, manifest, ckpt_id, state)
+            c.words = [1 if reason else 0]
+        if c.result[0]:
             if level not in REDUNDANT_LEVELS:
-                self._warn_fallback(step, problems)
+                self._warn_fallback(step, reason)
                 return False
-            data_ok = [v is None for v in c.values]
-            with Collective(self.comm, f"rebuilding step {step} from the {level} level") as c:
-                c.value = self._level(level).recover(step, ckpt_id, data_ok)
-            if not all(c.values):
-                self._warn_fallback(step, problems, f"the {level} level cannot rebuild it")
+            # 2. rebuild what is lost from partner copies or parity
+            data_ok = self._comm.allgather(reason is None)       # failure path only
+            try:
+                with Collective(self._comm, f"rebuilding step {step} from the {level} level") as c:
+                    c.words = [0 if self._level(level).recover(step, ckpt_id, data_ok) else 1]
+            except HpcCkptError as e:
+                if self.comm.rank == 0:
+                    log.warning("step %d: the %s rebuild failed (%s); falling back", step, level, e)
                 return False
-            with Collective(self.comm, f"restart from step {step} after the rebuild") as c:
-                manifest = self.cache.read_manifest(step, quiet=True)
-                # the survivors' data files were verified above and the rebuild does not touch them
-                c.value = None if data_ok[self.comm.rank] else self._verify_local(step, manifest)
-            again = [(r, v) for r, v in enumerate(c.values) if v]
-            if again:
-                self._warn_fallback(step, again, "the rebuilt data does not verify")
+            if c.result[0]:
+                self._warn_fallback(step, reason, f"the {level} level cannot rebuild it")
+                return False
+            with Collective(self._comm, f"restart from step {step} after the rebuild") as c:
+                if not data_ok[self.comm.rank]:
+                    reason, manifest, plan = self._verify_local(step, None, ckpt_id, state)
+                c.words = [1 if reason else 0]
+            if c.result[0]:
+                self._warn_fallback(step, reason, "the rebuilt data does not verify")
                 return False
             if self.comm.rank == 0:
-                log.warning("step %d: rebuilt rank(s) %s from the %s level", step, [r for r, _ in problems], level)
-        # 3. fill the protected arrays in place
-        with Collective(self.comm, f"restoring step {step}"):
-            self.cache.read_into(manifest, {n: p.array for n, p in self._arrays.items()})
+                log.warning("step %d: rebuilt rank(s) %s from the %s level", step,
+                            [r for r, ok in enumerate(data_ok) if not ok][:16], level)
+        # 3. fill the protected arrays in place, then the state dict
+        with Collective(self._comm, f"restoring step {step}"):
+            self.cache.read_into(manifest, [(n, p.array) for n, p in self._arrays.items()] + plan.reads)
+            plan.apply()
         return True
 
-    def _restore_from_pfs(self, step):
-        """Collective: fill the arrays from pfs step ``step``; False (untouched) when it is damaged."""
+    def _verify_local(self, step, manifest, ckpt_id, state):
+        """Local: (None, manifest, plan) when this rank's part of ``step`` verifies, else (reason,
+        manifest, None). Raises MismatchError when the arrays or state differ from the checkpoint."""
+        if manifest is None:
+            manifest = self.cache.read_manifest(step, quiet=True)
+            if manifest is None:
+                return f"no readable manifest ({self.cache.manifest_path(step)})", None, None
+        if manifest.ckpt_id != ckpt_id:
+            return f"its manifest belongs to another attempt (checkpoint {manifest.ckpt_id})", manifest, None
+        self._check_protected(manifest)
         try:
-            self._pfs.restore(step, self._array_list())
+            self.cache.verify(manifest)
+            doc = self._read_document(manifest)
+        except HpcCkptError as e:
+            return str(e), manifest, None
+        return None, manifest, self._plan(manifest, doc, state)
+
+    def _read_document(self, manifest):
+        entry = manifest.array(st.STATE_ENTRY)
+        if entry is None:
+            return None
+        buf = np.empty(entry.shape, np.dtype(entry.dtype))
+        self.cache.read_into(manifest, [(st.STATE_ENTRY, buf)])
+        return st.parse_document(buf.tobytes(), self.cache.data_path(manifest.step))
+
+    def _plan(self, manifest, doc, state):
+        """Local: the restore plan of the state dict (MismatchError when it does not fit)."""
+        where = f"step {manifest.step}"
+        if doc is None:
+            if state:
+                raise MismatchError(f"{where}: the checkpoint holds no state dict, but restart() was given one "
+                                    f"with {sorted(state)[:8]}")
+            return st.Plan([], [])
+        if state is None:
+            raise MismatchError(f"{where}: the checkpoint holds a state dict with {sorted(doc['items'])[:8]}: "
+                                "pass restart(state=...)")
+        shapes = {a.name: (a.shape, a.dtype) for a in manifest.arrays}
+        refs = {n for enc in doc["items"].values() for n in st.array_refs(enc)}
+        if not refs <= set(shapes):
+            raise CorruptCheckpointError(f"{where}: the state document refers to arrays that are not in it")
+        orphans = sorted(set(shapes) - refs - set(self._arrays) - {st.STATE_ENTRY})
+        if orphans:
+            raise MismatchError(f"{where}: the checkpoint has {orphans[:8]} which are not protected")
+        return st.plan_restore(state, doc["items"], shapes, where)
+
+    def _check_protected(self, manifest):
+        """Raise MismatchError unless the protected arrays match ``manifest`` (local). Arrays of
+        the checkpoint that are not protected must belong to its state dict (checked in _plan)."""
+        theirs = {a.name for a in manifest.arrays}
+        has_state = st.STATE_ENTRY in theirs
+        missing = sorted(theirs - set(self._arrays)) if not has_state else []
+        extra = sorted(set(self._arrays) - theirs)
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"the checkpoint has {missing} which are not protected")
+            if extra:
+                parts.append(f"protected {extra} are not in the checkpoint")
+            raise MismatchError(f"step {manifest.step}: " + " and ".join(parts))
+        for a in manifest.arrays:
+            if a.name not in self._arrays:
+                continue
+            arr = self._arrays[a.name].array
+            if tuple(arr.shape) != a.shape or arr.dtype.str != a.dtype:
+                raise MismatchError(f"step {manifest.step}, array {a.name!r}: the checkpoint holds "
+                                    f"shape {a.shape} {a.dtype}, the protected array is {tuple(arr.shape)} "
+                                    f"{arr.dtype.str}")
+
+    def _warn_fallback(self, step, reason, why=None):
+        """Collective (failure path): rank 0 logs why step ``step`` cannot be restored."""
+        reasons = self._comm.gather(reason, root=0)
+        if self.comm.rank == 0:
+            bad = [(r, v) for r, v in enumerate(reasons) if v]
+            more = f" (and {len(bad) - 4} more ranks)" if len(bad) > 4 else ""
+            log.warning("step %d cannot be restored (%s%s%s); falling back to an older checkpoint", step,
+                        "; ".join(f"rank {r}: {v}" for r, v in bad[:4]), more, f"; {why}" if why else "")
+
+    def _try_pfs(self, step, key, listing, state):
+        """Collective: restore ``step`` from the pfs level if it has this epoch's step."""
+        with Collective(self._comm, f"restart: pfs step {step}") as c:
+            c.words = [1 if self.comm.rank == 0 and step in listing
+                       and mf.order_key(listing[step][0], step) == key else 0]
+        if not c.result[0]:
+            return False
+        try:
+            self._pfs_store().restore(step, [(n, p.array, self._layouts.get(n, p.layout))
+                                             for n, p in self._arrays.items()], state, self._layouts)
         except CorruptCheckpointError as e:
             if self.comm.rank == 0:
                 log.warning("pfs step %d cannot be restored (%s); falling back to an older checkpoint", step, e)
@@ -407,104 +789,98 @@ class Checkpointer:
             log.info("restored step %d from pfs", step)
         return True
 
-    def _verify_local(self, step, manifest):
-        """Local: None when this rank's part of ``step`` verifies, else the reason.
-        Raises MismatchError when the protected arrays differ from the checkpoint."""
-        if manifest is None:
-            manifest = self.cache.read_manifest(step, quiet=True)
-            if manifest is None:
-                return "no readable manifest"
-        self._check_matches(manifest)
-        try:
-            self.cache.verify(manifest)
-        except HpcCkptError as e:
-            return str(e)
-        return None
-
-    def _warn_fallback(self, step, problems, why=None):
-        if self.comm.rank == 0:
-            log.warning("step %d cannot be restored (%s%s); falling back to an older checkpoint", step,
-                        "; ".join(f"rank {r}: {v}" for r, v in problems[:4]), f"; {why}" if why else "")
-
     def _level(self, level):
         """The redundancy level object (created on first use; creation may be collective)."""
         if level not in self._levels:
             if level == "partner":
-                self._levels[level] = PartnerLevel(self.cache, self.comm, self.topology)
+                self._levels[level] = PartnerLevel(self.cache, self._comm, self.topology)
             else:   # imported here: Numba loads only in jobs that use xor or rs
                 from .levels.encoded import EncodedLevel
                 parity = 1 if level == "xor" else self.config.rs_parity
-                self._levels[level] = EncodedLevel(self.cache, self.comm, self.topology, level, parity)
+                self._levels[level] = EncodedLevel(self.cache, self._comm, self.topology, level, parity)
         return self._levels[level]
-
-    def _check_matches(self, manifest):
-        """Raise MismatchError unless the protected arrays match ``manifest`` exactly."""
-        ours, theirs = set(self._arrays), {a.name for a in manifest.arrays}
-        if ours != theirs:
-            parts = []
-            if theirs - ours:
-                parts.append(f"the checkpoint has {sorted(theirs - ours)} which are not protected")
-            if ours - theirs:
-                parts.append(f"protected {sorted(ours - theirs)} are not in the checkpoint")
-            raise MismatchError(f"step {manifest.step}: " + " and ".join(parts))
-        for a in manifest.arrays:
-            arr = self._arrays[a.name].array
-            if tuple(arr.shape) != a.shape or arr.dtype.str != a.dtype:
-                raise MismatchError(f"step {manifest.step}, array {a.name!r}: the checkpoint holds "
-                                    f"shape {a.shape} {a.dtype}, the protected array is {tuple(arr.shape)} "
-                                    f"{arr.dtype.str}")
 
     # ------------------------------------------------------------------ background work
     def wait(self):
         """Collective: return once pending background work is durable; raise its errors on all ranks."""
         self._check_open()
+        self._finish_flush(raise_error=True)
+
+    def _finish_flush(self, raise_error):
+        """Collective: join the background flush; agree on its outcome. Its error (agreed, the
+        same on every rank) is raised, or returned when ``raise_error`` is False."""
+        if self._flush is None:
+            return None
+        flush, self._flush = self._flush, None
+        error = flush.join()
+        try:
+            agree(self._comm, error, f"background pfs flush of step {flush.step}")
+        except HpcCkptError as e:
+            if raise_error:
+                raise
+            return e
+        if self.comm.rank == 0 and flush.seconds is not None:
+            log.info("pfs flush of step %d took %.3f s in the background", flush.step, flush.seconds)
+        if self._last_step is not None:
+            self._retire(keep_upto=self._last_step)
+        return None
+
+    def _join_flush_unwinding(self):
+        """Local, while an exception unwinds: let a running flush end (its thread talks only to
+        the other ranks' flush threads), and say how it ended."""
         if self._flush is None:
             return
-        step, thread, result = self._flush
-        thread.join()
-        self._flush = None
-        agree(self.comm, result.get("error"), None, f"background pfs flush of step {step}")
-        if self.comm.rank == 0 and "seconds" in result:
-            log.info("pfs flush of step %d took %.3f s in the background", step, result["seconds"])
-        self._retire(keep_upto=self._last_step)
+        flush, self._flush = self._flush, None
+        error = flush.join()
+        if error is not None:
+            log.warning("rank %d: the background pfs flush of step %d failed while an exception was unwinding: %s",
+                        self.comm.rank, flush.step, error)
+        elif self.comm.rank == 0:
+            log.warning("the background pfs flush of step %d completed while an exception was unwinding",
+                        flush.step)
 
     # ------------------------------------------------------------------ the pfs level
-    def _pfs_store(self, create=True):
-        """Collective: the PfsStore (None when ``create`` is False and pfs_dir has no checkpoints)."""
+    def _pfs_store(self):
+        """Collective: the PfsStore (created, and its directory locked, on first use)."""
         if self._pfs is None:
-            if not create:
-                root = os.path.join(self.config.pfs_dir, self.config.name)
-                if not self.comm.bcast(os.path.isdir(root) if self.comm.rank == 0 else None, root=0):
-                    return None
-            self._pfs = PfsStore(self.config, self.comm, self.topology)
+            self._pfs = PfsStore(self.config, self._comm, self.topology)
+            with Collective(self._comm, f"locking {self._pfs.root}"):
+                if self.comm.rank == 0:
+                    self._locks.append(DirLock(os.path.join(self._pfs.root, ".lock"),
+                                               f"job name {self.config.name!r} in {self._pfs.root}",
+                                               self.config.file_mode))
         return self._pfs
 
-    def _flush_to_pfs(self, step, ckpt_id, arrays):
-        """Collective: write ``arrays`` to the pfs level as ``step``, then keep the newest ``keep``."""
+    def _pfs_listing(self):
+        """Local (rank 0): {step: (epoch, ckpt_id)} of this job's committed pfs steps ({} when
+        pfs_dir has none); reads the directory without creating anything."""
+        return pfs_listing(os.path.join(self.config.pfs_dir, self.config.name), self.config.name,
+                           max_index_bytes(self.comm.size))
+
+    def _flush_to_pfs(self, manifest):
+        """Collective: write the committed cache step of ``manifest`` to the pfs level, then keep
+        this run's newest ``keep``."""
         store = self._pfs_store()
-        store.save(step, ckpt_id, arrays)
-        store.retire(self.config.keep)
+        items = items_from_manifest(manifest, self.cache.mapped_arrays(manifest))
+        store.save(manifest.step, manifest.ckpt_id, items, epoch=manifest.epoch, state_keys=self._state_keys(manifest))
+        del items
+        store.retire(self.config.keep, manifest.epoch, keep_upto=manifest.step,
+                     clear_others=self._clear_others and self._committed)
 
-    def _start_flush(self, step, ckpt_id, manifest):
-        """Collective: flush the staged cache files of ``step`` to pfs in a background thread.
+    def _state_keys(self, manifest):
+        """Local: {state key: layout kind} of a committed step's state dict ({} without one)."""
+        doc = self._read_document(manifest)
+        if doc is None:
+            return {}
+        layouts = doc.get("layouts", {})
+        return {k: layouts.get(k, {}).get("kind", "rank") for k in doc["items"]}
 
-        The thread reads the committed node-local files (memory-mapped), never the live arrays,
-        and talks MPI only on the PfsStore's own duplicated communicators.
-        """
+    def _start_flush(self, manifest):
+        """Collective: flush the committed cache files of ``manifest`` to pfs in a background
+        thread. It reads the node-local files (memory-mapped), never the live arrays, and talks
+        MPI only on the PfsStore's own communicators."""
         self._pfs_store()          # collective: create it here, not in the thread
-        arrays = self.cache.mapped_arrays(manifest)
-        result = {}
-
-        def run():
-            t = time.perf_counter()
-            try:
-                self._flush_to_pfs(step, ckpt_id, arrays)
-            except Exception as e:  # surfaced collectively by wait()
-                result["error"] = e
-            result["seconds"] = time.perf_counter() - t
-        thread = threading.Thread(target=run, name=f"hpcckpt-flush-{step}", daemon=True)
-        self._flush = (step, thread, result)
-        thread.start()
+        self._flush = _Flush(manifest.step, lambda: self._flush_to_pfs(manifest))
 
     def scavenge(self):
         """Collective: copy the newest restorable cache checkpoint to pfs unless pfs has it already.
@@ -513,51 +889,70 @@ class Checkpointer:
         copied, or None when there was nothing newer than pfs to copy.
         """
         self._check_open()
-        with Collective(self.comm, "scavenge: scanning checkpoints") as c:
-            found = self.cache.scan()
-            c.value = {s: ((m.ckpt_id, m.level) if isinstance(m, mf.RankManifest) else m) for s, m in found.items()}
-        candidates, _ = _candidates(c.values)
+        error = self._finish_flush(raise_error=False)
+        if error is not None and self.comm.rank == 0:
+            log.warning("%s; scavenge copies the newest cache checkpoint instead", error)
+        with Collective(self._comm, "scavenge: scanning checkpoints") as c:
+            ok = {f.step: f for f in self.cache.scan() if f.state == "ok"}
+            c.words = [max((f.key for f in ok.values()), default=0)]
+        key = c.result[0]
+        if not key:
+            return None
         store = self._pfs_store()
-        on_pfs = set(store.steps())
-        for step, ckpt_id, level in candidates:
-            if step in on_pfs:
-                return None
-            with Collective(self.comm, f"scavenge: verifying step {step}") as c:
-                m = found.get(step)
-                m = m if isinstance(m, mf.RankManifest) else self.cache.read_manifest(step, quiet=True)
-                c.value = "no readable manifest" if m is None else None
-                if m is not None:
-                    try:
-                        self.cache.verify(m)
-                    except HpcCkptError as e:
-                        c.value = str(e)
-            if any(c.values):
-                continue
-            self._flush_to_pfs(step, ckpt_id, self.cache.mapped_arrays(m))
-            return step
-        return None
+        with Collective(self._comm, "scavenge: listing pfs") as c:
+            on_pfs = self._pfs_listing() if self.comm.rank == 0 else {}
+            step = mf.split_key(key)[1]
+            c.words = [1 if step in on_pfs and mf.order_key(on_pfs[step][0], step) >= key else 0]
+        if c.result[0]:
+            return None
+        del store
+        found = ok.get(step)
+        with Collective(self._comm, f"scavenge: verifying step {step}") as c:
+            manifest = found.manifest if found is not None and found.key == key else None
+            bad = manifest is None
+            if manifest is not None:
+                try:
+                    self.cache.verify(manifest)
+                except HpcCkptError:
+                    bad = True
+            h = _digest_int(manifest.ckpt_id) if not bad else 0
+            c.words = [1 if bad else 0, h, U64_MAX - h]
+        if c.result[0] or c.result[1] != U64_MAX - c.result[2]:
+            if self.comm.rank == 0:
+                log.warning("scavenge: step %d cannot be verified on every rank; nothing copied", step)
+            return None
+        self._epoch = mf.split_key(key)[0]
+        self._flush_to_pfs(manifest)
+        return step
 
 
-def _candidates(per_rank):
-    """Newest first: (step, ckpt_id, level) for steps some rank committed, every manifest of them
-    naming the same checkpoint; and {step: (kind, reason)} for steps that cannot be candidates."""
-    steps = set().union(*[set(d) for d in per_rank])
-    candidates, problems = [], {}
-    for step in steps:
-        values = [d.get(step) for d in per_rank]
-        incompatible = [(r, v) for r, v in enumerate(values) if v is not None and v[0] == "incompatible"]
-        good = {v for v in values if v is not None and v[0] not in ("incompatible", "damaged")}
-        if incompatible:
-            r, v = incompatible[0]
-            problems[step] = ("incompatible", f"rank {r}: {v[1]}")
-        elif len(good) > 1:
-            problems[step] = ("mixed", "ranks hold pieces of different runs")
-        elif not good:
-            problems[step] = ("damaged", "no rank has a readable manifest")
-        else:
-            (ckpt_id, level), = good
-            candidates.append((step, ckpt_id, level))
-    return sorted(candidates, reverse=True), problems
+# ---------------------------------------------------------------------- helpers (local)
+def _check_layout(name, array, layout, rank):
+    if layout.kind == "block":
+        mf.check_global_layout(array.shape, layout.global_shape, layout.offset,
+                               lambda msg: ProtectError(f"array {name!r}: {msg}"))
+    elif layout.kind == "rows" and array.ndim == 0:
+        raise ProtectError(f"array {name!r}: a ROWS layout needs an array of at least one dimension")
+    elif layout.kind == "root" and rank != 0:
+        raise ProtectError(f"{name!r} is declared ROOT (rank 0 only) but rank {rank} holds it")
+
+
+def _replicated_digests(manifest, replicated_items):
+    """{name: text} for this rank's replicated values: arrays by shape, dtype and checksum,
+    state values by their encoding."""
+    out = {a.name: f"{a.dtype}{list(a.shape)}:{a.checksum}" for a in manifest.arrays if a.layout == "replicated"}
+    out.update({f"state.{k}": json.dumps(v, sort_keys=True) for k, v in replicated_items.items()})
+    return out
+
+
+def _digest_int(values):
+    return int(digest(json.dumps(values, sort_keys=True).encode()), 16)
+
+
+def _settings_digest(cfg):
+    """An int digest of every setting that must be the same on all ranks (all but log_level)."""
+    values = {k: v for k, v in cfg.as_dict().items() if k != "log_level"}
+    return _digest_int(json.loads(json.dumps(values, sort_keys=True, default=str)))
 
 
 def _threads_ok():
@@ -568,28 +963,45 @@ def _threads_ok():
     return False
 
 
-def _max_op():
-    from mpi4py import MPI
-    return MPI.MAX
+def _should_abort(exc):
+    """An exception on one rank that the others cannot know about: anything but an error
+    hpcckpt raised on every rank, and sys.exit(0)."""
+    if is_collective(exc):
+        return False
+    if isinstance(exc, SystemExit):
+        return exc.code not in (None, 0)
+    return True
 
 
-def _check_same(values, what):
-    first = values[0][:len(what)]
-    for rank, v in enumerate(values):
-        for name, a, b in zip(what, first, v):
-            if a != b:
-                raise HpcCkptError(f"the ranks disagree on the {name}: rank 0 has {a!r}, rank {rank} has {b!r}; "
-                                   "every rank must make the same collective call")
+def _exit_code(exc):
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else 1
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    return 1
 
 
-def _int_tuple(value, name, what):
-    try:
-        t = tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-        raise ProtectError(f"array {name!r}: {what} must be a sequence of integers, got {value!r}") from None
-    if any(v < 0 for v in t):
-        raise ProtectError(f"array {name!r}: {what} must not be negative, got {value!r}")
-    return t
+_hook_installed = False
+
+
+def _install_excepthook():
+    """Once per process: an uncaught exception on one rank prints its traceback and aborts the
+    MPI job (as ``python -m mpi4py`` does), so the other ranks do not wait forever."""
+    global _hook_installed
+    if _hook_installed:
+        return
+    _hook_installed = True
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        from mpi4py import MPI
+        if (not MPI.Is_initialized() or MPI.Is_finalized() or MPI.COMM_WORLD.size == 1
+                or not _should_abort(exc)):
+            previous(exc_type, exc, tb)
+            return
+        print_abort_notice(exc, MPI.COMM_WORLD.rank)
+        MPI.COMM_WORLD.Abort(_exit_code(exc))
+    sys.excepthook = hook
 
 
 def _setup_logging(cfg, rank):

@@ -2,12 +2,23 @@
 
 The rule (from PyTorch DCP's collectives wrapper): a rank never raises alone inside a collective
 call. It catches its exception, every rank learns who failed and why, and every rank raises.
+
+Scale: on the success path every helper here is a fixed-size reduction (one ``Allreduce`` of a
+few 64-bit words), whatever the number of ranks. Per-rank details travel only when something
+failed: gathered to rank 0, which picks the error, and broadcast.
 """
 import contextlib
+import sys
 import traceback
+
+import numpy as np
+from mpi4py import MPI
 
 from . import errors
 from .errors import CollectiveError, HpcCkptError
+
+U64_MAX = (1 << 64) - 1
+WORDS = 8             # the words an agreement carries (fixed, so every rank reduces the same size)
 
 
 def _describe(exc):
@@ -17,59 +28,116 @@ def _describe(exc):
     return f"{type(exc).__name__}: {exc}"
 
 
-def agree(comm, exc=None, value=None, what="operation"):
-    """Collective: every rank reports its exception (or None) and a small value.
+def mark_collective(exc):
+    """Mark ``exc`` as raised on every rank (so that nobody needs to abort the job for it)."""
+    exc.hpcckpt_collective = True
+    return exc
 
-    Returns the list of every rank's value when no rank failed. Otherwise raises on every rank:
-    the HpcCkptError subclass the lowest failing rank raised (so a ConfigError stays a
-    ConfigError), or CollectiveError for anything else, naming each failing rank.
+
+def is_collective(exc):
+    """True when ``exc`` was raised by hpcckpt on every rank of a collective call."""
+    return bool(getattr(exc, "hpcckpt_collective", False))
+
+
+def _report(exc):
+    """What one rank says about its failure: (HpcCkptError class name or None, message)."""
+    if isinstance(exc, HpcCkptError):
+        return type(exc).__name__, getattr(exc, "hpcckpt_reason", None) or str(exc)
+    return None, _describe(exc)
+
+
+def reduce_max(comm, words):
+    """Collective: element-wise maximum over the ranks of a short list of unsigned 64-bit ints."""
+    local = np.asarray(words, dtype=np.uint64)
+    out = np.empty_like(local)
+    comm.Allreduce(local, out, op=MPI.MAX)
+    return [int(x) for x in out]
+
+
+def reduce_sum_max(comm, total, largest):
+    """Collective: (sum over ranks of the int ``total``, max over ranks of the float ``largest``)."""
+    s, m = np.array([int(total)], np.int64), np.array([float(largest)], np.float64)
+    out_s, out_m = np.empty_like(s), np.empty_like(m)
+    comm.Allreduce(s, out_s, op=MPI.SUM)
+    comm.Allreduce(m, out_m, op=MPI.MAX)
+    return int(out_s[0]), float(out_m[0])
+
+
+def same_everywhere(comm, value):
+    """Collective: True on every rank when every rank passed the same non-negative int (< 2**64)."""
+    hi, neg = reduce_max(comm, [value, U64_MAX - value])
+    return hi == U64_MAX - neg
+
+
+def agree(comm, exc=None, what="operation", words=()):
+    """Collective: every rank reports its exception (or None), and optionally a few words to be
+    maximised over the ranks (``reduce_max``) in the same reduction.
+
+    Returns the maxima of ``words`` when no rank failed. Otherwise raises on every rank: the
+    HpcCkptError subclass the lowest failing rank raised (so a ConfigError stays a ConfigError),
+    or CollectiveError for anything else, naming each failing rank. The raised error is marked
+    collective (``is_collective``).
     """
-    local = None
-    if exc is not None:
-        cls = type(exc).__name__ if isinstance(exc, HpcCkptError) else None
-        local = (cls, _describe(exc) if cls is None else str(exc))
-    gathered = comm.allgather((local, value))
-    failures = {rank: rep for rank, (rep, _) in enumerate(gathered) if rep is not None}
-    if not failures:
-        return [v for _, v in gathered]
-    first = min(failures)
-    cls_name, message = failures[first]
-    cls = errors.ALL.get(cls_name, CollectiveError) if cls_name else CollectiveError
-    text = f"{what} failed on rank {first}: {message}" if comm.size > 1 else f"{what} failed: {message}"
-    others = len(failures) - 1
-    if others:
-        text += f" (and on {others} more rank{'s' if others > 1 else ''}: {', '.join(map(str, sorted(failures)[1:][:8]))})"
-    if cls is CollectiveError:
-        err = CollectiveError(text, {r: m for r, (_, m) in failures.items()})
+    words = list(words)
+    if len(words) > WORDS:
+        raise ValueError(f"agree() carries at most {WORDS} words")
+    # always the same size on every rank, whatever each rank got to before failing
+    result = reduce_max(comm, [1 if exc is not None else 0] + words + [0] * (WORDS - len(words)))
+    if not result[0]:
+        return result[1:1 + len(words)]
+    # failure path: details gathered to rank 0, the chosen error broadcast
+    reports = comm.gather(_report(exc) if exc is not None else None, root=0)
+    if comm.rank == 0:
+        failures = {r: rep for r, rep in enumerate(reports) if rep is not None}
+        first = min(failures)
+        cls_name, message = failures[first]
+        where = f" on rank {first}" if comm.size > 1 else ""
+        text = f"{what} failed{where}: {message}"
+        others = sorted(failures)[1:]
+        if others:
+            text += f" (and on {len(others)} more rank{'s' if len(others) > 1 else ''}: " \
+                    f"{', '.join(map(str, others[:8]))}{', …' if len(others) > 8 else ''})"
+        detail = {r: m for r, (_, m) in list(failures.items())[:64]}
+        decision = (cls_name, text, message, detail)
     else:
-        err = cls(text)
+        decision = None
+    cls_name, text, message, detail = comm.bcast(decision, root=0)
+    cls = errors.ALL.get(cls_name, CollectiveError) if cls_name else CollectiveError
+    err = CollectiveError(text, detail) if cls is CollectiveError else cls(text)
+    err.hpcckpt_reason = message            # the first rank's own words, not wrapped again
+    mark_collective(err)
     raise err from exc
 
 
 class Collective(contextlib.AbstractContextManager):
-    """``with Collective(comm, "checkpoint") as c: ...local work...; values = c.values``
+    """``with Collective(comm, "checkpoint"): ...local work...``
 
-    Collective: exceptions inside the block are caught and agreed on at exit, so every rank
-    raises together. ``c.value`` is what this rank contributes; ``c.values`` every rank's.
+    Collective: an exception inside the block is caught and agreed on at exit, so every rank
+    raises together. This includes KeyboardInterrupt and SystemExit: the other ranks raise a
+    CollectiveError naming them, the interrupted rank re-raises its own. ``c.words`` (a few
+    unsigned 64-bit ints this rank sets inside the block) come back as ``c.result``, their
+    maxima over the ranks, in the same single reduction.
     """
 
     def __init__(self, comm, what):
-        self.comm, self.what, self.value, self.values = comm, what, None, None
+        self.comm, self.what, self.words, self.result = comm, what, (), None
 
     def __exit__(self, exc_type, exc, tb):
-        if exc is not None and not isinstance(exc, Exception):
-            return False  # KeyboardInterrupt, SystemExit: let them go
         if exc is not None and not isinstance(exc, HpcCkptError):
             exc.__hpcckpt_traceback__ = traceback.format_exc()
-        self.values = agree(self.comm, exc, self.value, self.what)
+        words = self.words if exc is None else ()
+        try:
+            self.result = agree(self.comm, exc, self.what, words)
+        except HpcCkptError:
+            if exc is not None and not isinstance(exc, Exception):
+                return False            # KeyboardInterrupt, SystemExit: the others know; re-raise it here
+            raise
         return True
 
 
-def same_on_all_ranks(comm, value, what):
-    """Collective: raise HpcCkptError on every rank unless every rank passed an equal value."""
-    values = comm.allgather(value)
-    for rank, v in enumerate(values):
-        if v != values[0]:
-            raise HpcCkptError(f"{what} differs between ranks: rank 0 has {values[0]!r}, rank {rank} has {v!r}; "
-                               "every rank must make the same collective call with the same arguments")
-    return values
+def print_abort_notice(exc, rank):
+    """Local: print a rank's uncaught exception with its traceback to stderr, before an abort."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    sys.stderr.write(f"hpcckpt[rank {rank}]: uncaught exception on this rank; aborting the job "
+                     f"(abort_on_error = true):\n{text}")
+    sys.stderr.flush()

@@ -10,7 +10,8 @@ class ConfigError(HpcCkptError):
 
 
 class ProtectError(HpcCkptError):
-    """An array given to protect() cannot be checkpointed (wrong kind, layout or name)."""
+    """A value given to protect() or checkpoint(state=...) cannot be checkpointed (wrong kind,
+    layout or name)."""
 
 
 class MismatchError(HpcCkptError):
@@ -29,6 +30,10 @@ class CheckpointWriteError(HpcCkptError):
     """Writing a checkpoint failed on at least one rank; the previous checkpoint is untouched."""
 
 
+class ConcurrentJobError(HpcCkptError):
+    """Another job with the same name is using the same cache or pfs directory."""
+
+
 class CollectiveError(HpcCkptError):
     """A collective call failed on some ranks; raised on every rank.
 
@@ -42,4 +47,4 @@ class CollectiveError(HpcCkptError):
 
 ALL = {cls.__name__: cls for cls in (
     HpcCkptError, ConfigError, ProtectError, MismatchError, IncompatibleCheckpointError,
-    CorruptCheckpointError, CheckpointWriteError, CollectiveError)}
+    CorruptCheckpointError, CheckpointWriteError, ConcurrentJobError, CollectiveError)}

@@ -1,8 +1,8 @@
 """Test-only fault injection (local). Inactive unless the environment sets ``_HPCCKPT_FAULT``.
 
 ``_HPCCKPT_FAULT="PHASE:RANK[:STEP[:ACTION]]"`` — at PHASE, on RANK (or ``*``), at STEP (or ``*``),
-ACTION is ``kill`` (SIGKILL this process, the default) or ``error`` (raise ENOSPC, as a full disk
-would). Phases: ``write`` (half-way through the data), ``written`` (data written, before the
+ACTION is ``kill`` (SIGKILL this process, the default), ``error`` (raise ENOSPC, as a full disk
+would), ``interrupt`` (raise KeyboardInterrupt, as SIGINT would) or ``exit`` (raise SystemExit(5)). Phases: ``write`` (half-way through the data), ``written`` (data written, before the
 ranks agree), ``encode`` (partner/xor/rs: while storing partner copies or before the parity
 rounds; also fires when a rebuild resends partner copies), ``commit`` (before this rank's manifest is written), ``committed`` (after it,
 before the final agreement), ``retire`` (while removing an old checkpoint), ``restore``
@@ -34,6 +34,10 @@ def hit(phase, rank, step=None):
         return
     if action == "error":
         raise OSError(errno.ENOSPC, "No space left on device (injected fault)", phase)
+    if action == "interrupt":
+        raise KeyboardInterrupt(f"injected at {phase}")
+    if action == "exit":
+        raise SystemExit(5)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

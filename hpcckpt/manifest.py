@@ -14,8 +14,10 @@ from .codecs.checksum import ALGORITHM, digest
 from .errors import CorruptCheckpointError, IncompatibleCheckpointError, ProtectError
 
 FORMAT = "hpcckpt-rank"
-VERSION = 1
-ARRAY_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
+VERSION = 2               # 2: epoch (the run lineage) and a layout per array; version 1 is still read
+ARRAY_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,1023}$")
+LAYOUTS = ("rank", "block", "rows", "replicated", "root")
+MAX_STEP = (1 << 40) - 1  # steps and epochs are ordered as one 64-bit key: epoch << 40 | step
 ALLOWED_DTYPE_KINDS = "biufcSUmM"
 MAX_DIMS = 32
 MAX_BYTES = 1 << 50
@@ -33,10 +35,11 @@ class ArrayEntry:
     checksum: str
     global_shape: tuple = None
     global_offset: tuple = None
+    layout: str = "rank"      # see hpcckpt.state: rank, block (global_shape + global_offset), rows, ...
 
     def to_json(self):
         d = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "offset": self.offset,
-             "nbytes": self.nbytes, "checksum": self.checksum}
+             "nbytes": self.nbytes, "checksum": self.checksum, "layout": self.layout}
         if self.global_shape is not None:
             d["global_shape"] = list(self.global_shape)
             d["global_offset"] = list(self.global_offset)
@@ -57,10 +60,17 @@ class RankManifest:
     data_file: str
     data_size: int
     arrays: tuple
+    epoch: int = 1            # the run lineage: a run that starts afresh writes a higher epoch
+
+    @property
+    def key(self):
+        """The order of checkpoints: newer epoch first, then newer step."""
+        return order_key(self.epoch, self.step)
 
     def to_json(self):
         return sign({"format": FORMAT, "version": VERSION, "name": self.name, "world_size": self.world_size,
-                     "rank": self.rank, "node": self.node, "step": self.step, "level": self.level,
+                     "rank": self.rank, "node": self.node, "step": self.step, "epoch": self.epoch,
+                     "level": self.level,
                      "ckpt_id": self.ckpt_id, "created": self.created, "checksum_algorithm": ALGORITHM,
                      "data_file": self.data_file, "data_size": self.data_size,
                      "arrays": [a.to_json() for a in self.arrays]})
@@ -88,7 +98,7 @@ def sign(doc):
 def check_array_name(name):
     """Raise ProtectError unless ``name`` is a safe array name (it becomes a dataset name)."""
     if not isinstance(name, str) or not ARRAY_NAME_RE.match(name):
-        raise ProtectError(f"array name {name!r}: use 1-128 letters, digits, '_', '.' or '-', "
+        raise ProtectError(f"array name {name!r}: use 1-1024 letters, digits, '_', '.' or '-', "
                            "starting with a letter or '_'")
 
 
@@ -129,6 +139,9 @@ def parse(doc, where):
         if not _is_int(v) or v < 0 or v > MAX_BYTES:
             raise bad(f"{key} must be a non-negative integer, got {v!r}")
         ints[key] = v
+    epoch = doc.get("epoch", 1) if doc["version"] >= 2 else 1
+    if not _is_int(epoch) or not 1 <= epoch <= MAX_STEP or ints["step"] > MAX_STEP:
+        raise bad(f"bad epoch {epoch!r} or step {ints['step']!r}")
     if ints["world_size"] < 1 or ints["rank"] >= ints["world_size"]:
         raise bad(f"rank {ints['rank']} does not fit world size {ints['world_size']}")
     strs = {}
@@ -147,7 +160,7 @@ def parse(doc, where):
         raise bad("arrays must be a list")
     entries, names, end = [], set(), 0
     for i, a in enumerate(arrays):
-        entry = _parse_array(a, f"{where}: arrays[{i}]")
+        entry = _parse_array(a, f"{where}: arrays[{i}]", doc["version"])
         if entry.name in names:
             raise bad(f"array {entry.name!r} appears twice")
         if entry.offset < end:
@@ -159,10 +172,11 @@ def parse(doc, where):
         entries.append(entry)
     return RankManifest(name=strs["name"], world_size=ints["world_size"], rank=ints["rank"], node=ints["node"],
                         step=ints["step"], level=strs["level"], ckpt_id=strs["ckpt_id"], created=float(created),
-                        data_file=strs["data_file"], data_size=ints["data_size"], arrays=tuple(entries))
+                        data_file=strs["data_file"], data_size=ints["data_size"], arrays=tuple(entries),
+                        epoch=epoch)
 
 
-def _parse_array(a, where):
+def _parse_array(a, where, version=VERSION):
     def bad(msg):
         return CorruptCheckpointError(f"{where}: {msg}")
 
@@ -199,7 +213,10 @@ def _parse_array(a, where):
         gshape = _int_tuple(a.get("global_shape"), bad, "global_shape")
         goffset = _int_tuple(a.get("global_offset"), bad, "global_offset")
         check_global_layout(shape, gshape, goffset, bad)
-    return ArrayEntry(name, dtype_text, shape, offset, nbytes, checksum, gshape, goffset)
+    layout = a.get("layout", "rank") if version >= 2 else ("block" if gshape is not None else "rank")
+    if layout not in LAYOUTS or (layout == "block") != (gshape is not None) or (layout == "rows" and not shape):
+        raise bad(f"bad layout {layout!r}")
+    return ArrayEntry(name, dtype_text, shape, offset, nbytes, checksum, gshape, goffset, layout)
 
 
 def check_global_layout(shape, global_shape, offset, make_error):
@@ -220,6 +237,16 @@ def _int_tuple(v, bad, what):
 
 def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def order_key(epoch, step):
+    """One integer that orders checkpoints: by epoch, then by step (both <= MAX_STEP)."""
+    return (int(epoch) << 40) | int(step)
+
+
+def split_key(key):
+    """(epoch, step) of an order_key."""
+    return key >> 40, key & MAX_STEP
 
 
 def step_dir_name(step):

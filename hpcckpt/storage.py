@@ -79,7 +79,8 @@ def read_json(path, max_bytes=MAX_JSON_BYTES):
             raise CorruptCheckpointError(f"{path}: is a symbolic link; refusing to follow it") from None
         raise
     with os.fdopen(fd, "rb") as f:
-        data = f.read(max_bytes + 1)
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(min(size, max_bytes) + 1) if size <= max_bytes else b"x" * (max_bytes + 1)
     if len(data) > max_bytes:
         raise CorruptCheckpointError(f"{path}: larger than {max_bytes} bytes; not a manifest")
     try:

@@ -4,6 +4,7 @@ Layout (docs/FORMAT.md): ``<cache_dir>/<name>/step_<S>/rank_<R>.dat`` and ``rank
 ``<cache_dir>/<name>/spare/rank_<R>.dat`` holds a retired data file kept for overwriting. All
 methods are local: the Checkpointer runs the agreement between ranks.
 """
+import dataclasses
 import logging
 import os
 import time
@@ -12,9 +13,24 @@ import numpy as np
 
 from .. import faults, manifest as mf, storage
 from ..config import expand_cache_dir
-from ..errors import CorruptCheckpointError, IncompatibleCheckpointError
+from ..errors import CheckpointWriteError, CorruptCheckpointError, IncompatibleCheckpointError
 
 log = logging.getLogger("hpcckpt")
+
+
+@dataclasses.dataclass
+class Found:
+    """One rank's manifest of one step: ``state`` "ok" (usable by this job), "incompatible" (of
+    another job, rank count or placement, or a newer format: never deleted) or "damaged"."""
+    step: int
+    state: str
+    manifest: mf.RankManifest = None
+    reason: str = ""
+
+    @property
+    def key(self):
+        """Ordering key (epoch, step) of a parsed manifest; None when unparsable."""
+        return self.manifest.key if self.manifest is not None else None
 
 
 class LocalCache:
@@ -71,33 +87,40 @@ class LocalCache:
         storage.makedirs(self.root, self.cfg.dir_mode)
 
     # ------------------------------------------------------------------ save
-    def write(self, step, ckpt_id, level, arrays):
+    def write(self, step, ckpt_id, level, epoch, items):
         """Write this rank's arrays for ``step`` (not yet committed); return its RankManifest.
 
-        ``arrays`` is a list of (name, array, global_shape, global_offset).
+        ``items`` is a list of (name, C-contiguous array, hpcckpt.state.Layout). A committed
+        manifest of another job or placement at this step is never written over.
         """
         if os.path.islink(self.step_dir(step)):
             os.unlink(self.step_dir(step))   # never write (or uncommit) through a planted link
         if os.path.islink(self.data_path(step)):
             os.unlink(self.data_path(step))  # a planted link would make every later write fail
+        found = self.examine(step)
+        if found is not None and found.state == "incompatible":
+            raise CheckpointWriteError(f"step {step} in {self.root} holds a checkpoint this job cannot use "
+                                       f"({found.reason}); it is kept: use another name, remove it, or set "
+                                       "start = 'fresh'")
         self.uncommit(step)  # a leftover of an abandoned run with the same step number
         storage.makedirs(self.step_dir(step), self.cfg.dir_mode)
         path = self.data_path(step)
         reuse = None
         if self.cfg.reuse_files and not os.path.exists(path) and os.path.exists(self.spare_path):
             reuse = self.spare_path
-        chunks = sum(-(-a.nbytes // self.cfg.io_chunk) for _, a, _, _ in arrays)
+        chunks = sum(-(-a.nbytes // self.cfg.io_chunk) for _, a, _ in items)
         fault = faults.HalfWay("write", self.rank, step, max(1, chunks // 2)) if faults.active() else None
-        entries, size = storage.write_arrays(path, [(n, a) for n, a, _, _ in arrays], self.cfg.io_chunk,
+        entries, size = storage.write_arrays(path, [(n, a) for n, a, _ in items], self.cfg.io_chunk,
                                              self.cfg.file_mode, self.cfg.cache_fsync, reuse, fault,
                                              self.cfg.write_method)
         table = []
-        for (name, array, gshape, goffset), (_, offset, nbytes, checksum) in zip(arrays, entries):
+        for (name, array, layout), (_, offset, nbytes, checksum) in zip(items, entries):
             table.append(mf.ArrayEntry(name, array.dtype.str, tuple(array.shape), offset, nbytes, checksum,
-                                       gshape, goffset))
+                                       layout.global_shape, layout.offset, layout.kind))
         return mf.RankManifest(name=self.cfg.name, world_size=self.world_size, rank=self.rank, node=self.node,
                                step=step, level=level, ckpt_id=ckpt_id, created=time.time(),
-                               data_file=mf.data_file_name(self.rank), data_size=size, arrays=tuple(table))
+                               data_file=mf.data_file_name(self.rank), data_size=size, arrays=tuple(table),
+                               epoch=epoch)
 
     def commit(self, manifest):
         """Write the manifest atomically: from now on this rank's part of the step exists."""
@@ -119,29 +142,34 @@ class LocalCache:
         return sorted(s for name in names if (s := mf.parse_step_dir_name(name)) is not None
                       and not os.path.islink(os.path.join(self.root, name)))
 
+    def examine(self, step):
+        """This rank's manifest of ``step`` as a Found record, or None when there is none."""
+        path = self.manifest_path(step)
+        if not os.path.lexists(path):
+            return None
+        try:
+            m = mf.parse(storage.read_json(path), path)
+        except IncompatibleCheckpointError as e:      # a newer format version
+            return Found(step, "incompatible", reason=str(e))
+        except (CorruptCheckpointError, OSError) as e:
+            return Found(step, "damaged", reason=str(e))
+        if m.step != step or m.rank != self.rank:
+            return Found(step, "damaged", reason=f"{path}: describes step {m.step} rank {m.rank}")
+        if m.name != self.cfg.name:
+            return Found(step, "incompatible", m, f"{path}: belongs to job {m.name!r}, not {self.cfg.name!r}")
+        if m.world_size != self.world_size:
+            return Found(step, "incompatible", m,
+                         f"{path}: step {step} was written by {m.world_size} ranks, this job has {self.world_size}; "
+                         "only the pfs level restarts on another rank count")
+        if m.node != self.node:
+            return Found(step, "incompatible", m,
+                         f"{path}: step {step} was written with rank {self.rank} on node {m.node}, this job puts "
+                         f"it on node {self.node} (another ranks_per_node or placement)")
+        return Found(step, "ok", m)
+
     def scan(self):
-        """This rank's readable manifests: {step: RankManifest or an error message}."""
-        found = {}
-        for step in self.steps_on_disk():
-            path = self.manifest_path(step)
-            if not os.path.lexists(path):
-                continue
-            try:
-                m = mf.parse(storage.read_json(path), path)
-                if m.step != step or m.rank != self.rank:
-                    raise CorruptCheckpointError(f"{path}: describes step {m.step} rank {m.rank}")
-                if m.name != self.cfg.name:
-                    raise IncompatibleCheckpointError(f"{path}: belongs to job {m.name!r}, not {self.cfg.name!r}")
-                if m.world_size != self.world_size:
-                    raise IncompatibleCheckpointError(
-                        f"{path}: step {step} was written by {m.world_size} ranks, this job has "
-                        f"{self.world_size}; only the pfs level with global layouts restarts on another rank count")
-                found[step] = m
-            except IncompatibleCheckpointError as e:
-                found[step] = ("incompatible", str(e))
-            except (CorruptCheckpointError, OSError) as e:
-                found[step] = ("damaged", str(e))
-        return found
+        """This rank's manifests, one Found record per step directory that has one, ascending."""
+        return [f for f in map(self.examine, self.steps_on_disk()) if f is not None]
 
     def read_manifest(self, step, quiet=False):
         """This rank's manifest of ``step`` (validated); None if missing/unreadable and ``quiet``."""
@@ -182,12 +210,23 @@ class LocalCache:
                             [(a.name, a.offset, a.nbytes, a.checksum) for a in manifest.arrays],
                             self._read_buffer())
 
-    def read_into(self, manifest, arrays):
-        """Fill the protected arrays in place from a verified step. ``arrays``: {name: ndarray}."""
-        chunks = sum(-(-a.nbytes // self.cfg.io_chunk) for a in manifest.arrays)
+    def read_into(self, manifest, targets):
+        """Fill arrays from a verified step: ``targets`` is a list of (array name, ndarray); a
+        target that is not C-contiguous is filled through a temporary copy."""
+        entries = {a.name: a for a in manifest.arrays}
+        chunks = sum(-(-entries[n].nbytes // self.cfg.io_chunk) for n, _ in targets)
         fault = faults.HalfWay("restore", self.rank, manifest.step, max(1, chunks // 2)) if faults.active() else None
-        storage.read_into(self.data_path(manifest.step), manifest.data_size,
-                          [(arrays[a.name], a.offset) for a in manifest.arrays], self.cfg.io_chunk, fault)
+        direct, copies = [], []
+        for name, array in targets:
+            if array.flags.c_contiguous:
+                direct.append((array, entries[name].offset))
+            else:
+                tmp = np.empty(array.shape, array.dtype)
+                direct.append((tmp, entries[name].offset))
+                copies.append((array, tmp))
+        storage.read_into(self.data_path(manifest.step), manifest.data_size, direct, self.cfg.io_chunk, fault)
+        for array, tmp in copies:
+            np.copyto(array, tmp)
 
     # ------------------------------------------------------------------ retire
     def retire(self, step):

@@ -205,11 +205,12 @@ def test_different_protected_names_raise_on_all(shm_dir):
 
 
 def test_abandoned_run_is_not_mixed_in(shm_dir, tmp_path, references):
-    """A run that never calls restart() starts a new history: old, higher steps are retired."""
+    """A run that never calls restart() starts a new history (a new epoch): the earlier run's
+    higher steps are kept, not deleted, and restart() restores the new run's checkpoint."""
     app(4, shm_dir, rpn=2)                                    # steps 14, 19 on disk
     app(4, shm_dir, "--steps", 7, "--no-restart", rpn=2)      # new run: checkpoint 4 only
     steps = sorted(os.path.basename(p) for p in glob.glob(os.path.join(shm_dir, "node1", "app", "step_*")))
-    assert steps == ["step_0000000004"]
+    assert steps == ["step_0000000004", "step_0000000014", "step_0000000019"]
     res = app(4, shm_dir, "--out", tmp_path / "out", rpn=2)
     assert restart_step(res) == 4
     assert outputs(tmp_path / "out") == references[4]

@@ -108,20 +108,20 @@ def verifier_detects(root, rel):
     from mpi4py import MPI
     from hpcckpt import catalog, storage
     from hpcckpt.errors import HpcCkptError
-    from hpcckpt.levels import pfs as pfsmod
+    from hpcckpt.levels import pfs_index as pfsmod, pfs as pfsstore
     path = os.path.join(root, rel)
     if rel.startswith("pfs"):
         step = int(rel.split("step_")[1][:10])
         if rel.endswith("COMMITTED.json"):
             try:
-                pfsmod.parse_index(storage.read_json(path, pfsmod.MAX_INDEX_BYTES), path)
+                pfsmod.parse_index(storage.read_json(path, pfsmod.max_index_bytes(1)), path)
             except HpcCkptError:
                 return True
         import hpcckpt
         from hpcckpt.config import Config
         from hpcckpt.topology import Topology
         cfg = Config.load(name="app", cache_dir=os.path.join(root, "node{node}"), pfs_dir=os.path.join(root, "pfs"))
-        store = pfsmod.PfsStore(cfg, MPI.COMM_SELF, Topology(0, 1, (0,)))
+        store = pfsstore.PfsStore(cfg, MPI.COMM_SELF, Topology(0, 1, (0,)))
         try:
             store.verify(step)
             return False

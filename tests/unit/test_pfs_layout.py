@@ -7,7 +7,7 @@ import pytest
 
 from hpcckpt.errors import CorruptCheckpointError, IncompatibleCheckpointError
 from hpcckpt.levels import hdf5_layout as lay
-from hpcckpt.levels.pfs import parse_index
+from hpcckpt.levels.pfs_index import parse_index
 
 
 def rows(n, counts):
@@ -152,4 +152,4 @@ def test_parse_index_refuses_bad_documents(path, value):
 
 def test_parse_index_refuses_newer_versions_as_incompatible():
     with pytest.raises(IncompatibleCheckpointError):
-        parse_index(_with(("version",), 2), "x")
+        parse_index(_with(("version",), 3), "x")

@@ -1,6 +1,6 @@
 """Drive hpcckpt.levels.pfs.PfsStore directly, for tests/mpi/test_pfs.py.
 
-    pfs_app.py --dir PFS_DIR [--rpn N] [--transfer mpi|direct] ACTION [ACTION ...]
+    pfs_app.py --dir PFS_DIR [--rpn N] ACTION [ACTION ...]
 
 Arrays (regenerated deterministically from the step and the world size):
   field  float64 (203, 67)  global, split by rows, uneven (rank r holds about r+1 shares)
@@ -25,14 +25,13 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcckpt
-from hpcckpt.levels.pfs import PfsStore
+from hpcckpt.levels.pfs import PfsStore, items_from_arrays
 from hpcckpt.topology import Topology
 
 p = argparse.ArgumentParser()
 p.add_argument("--dir", required=True)
 p.add_argument("--name", default="pfsapp")
 p.add_argument("--rpn", type=int, default=2)
-p.add_argument("--transfer", default="direct")
 p.add_argument("actions", nargs="+")
 a = p.parse_args()
 
@@ -112,7 +111,7 @@ def check_restored(action, step, arrays, only_global):
 
 
 cfg = hpcckpt.Config.load(None, name=a.name, pfs_dir=a.dir, io_chunk=4096, ranks_per_node=a.rpn)
-store = PfsStore(cfg, comm, Topology.build(comm, a.rpn), transfer=a.transfer)
+store = PfsStore(cfg, comm, Topology.build(comm, a.rpn))
 for action in a.actions:
     verb, _, arg = action.partition(":")
     arrays = None
@@ -120,7 +119,7 @@ for action in a.actions:
         if verb in ("save", "save-global"):
             step = int(arg)
             ckpt_id = comm.bcast(f"id{step}x{os.getpid()}" if rank == 0 else None, root=0)
-            nbytes = store.save(step, ckpt_id, make_arrays(step, only_global=verb == "save-global"))
+            nbytes = store.save(step, ckpt_id, items_from_arrays(make_arrays(step, only_global=verb == "save-global")))
             total = comm.reduce(nbytes, root=0)
             if rank == 0:
                 say(f"OK {action} {total}")
@@ -129,7 +128,8 @@ for action in a.actions:
             only_global = verb == "restore-global"
             bad = {"restore-badshape": "shape", "restore-baddtype": "dtype"}.get(verb)
             arrays = make_arrays(step, fill=-7, only_global=only_global, bad=bad)
-            store.restore(step, arrays)
+            store.restore(step, [(n, x, hpcckpt.PER_RANK if g is None else hpcckpt.Block(g, o))
+                                 for n, x, g, o in arrays])
             if check_restored(action, step, arrays, only_global) and rank == 0:
                 say(f"OK {action}")
         elif verb == "verify":

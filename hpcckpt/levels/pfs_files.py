@@ -1,0 +1,375 @@
+"""The HDF5 files of a pfs step: laying them out, and checking them before trusting them (local,
+no MPI). Used by the pfs level's protocol (levels/pfs.py) and by ``hpcckpt verify``.
+
+``node_<n>.h5``: one group ``/rank_<R>`` per rank of node n, one contiguous, pre-allocated
+dataset per array that rank holds (its bytes are written with pwrite at the dataset's offset).
+``checkpoint.h5``: the master — ``/rank_<R>`` external links to every rank's group, each global
+array (block and rows layouts) as a virtual dataset over the ranks' blocks, each replicated or
+root array as a link to rank 0's dataset. Damaged HDF5 metadata can crash libhdf5 itself, so
+every file is checked against the index (sizes, the master's checksum) before HDF5 opens it.
+"""
+import os
+import stat
+
+import numpy as np
+
+from .. import storage
+from ..codecs.checksum import ALGORITHM, digest, new_hasher
+from ..errors import CheckpointWriteError, CorruptCheckpointError, IncompatibleCheckpointError
+from . import hdf5_layout as lay
+from .pfs_index import MASTER, MARKER, SHARED_LAYOUTS, VERSION, read_index
+
+NODE_FORMAT = "hpcckpt-pfs-node"
+FORMAT = "hpcckpt-pfs"
+LIBVER = ("earliest", "v110")          # readable by HDF5 1.10 tools (h5dump of Debian 12)
+
+
+# ---------------------------------------------------------------------- writing
+def create_node_file(path, index, node, node_ranks, file_mode):
+    """The node file with contiguous pre-allocated datasets and attributes; returns
+    {(rank, array name): file offset of the dataset's bytes}."""
+    import h5py
+    from h5py import h5d, h5p, h5s
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, file_mode)
+    os.close(fd)
+    dcpl = h5p.create(h5p.DATASET_CREATE)
+    dcpl.set_layout(h5d.CONTIGUOUS)
+    dcpl.set_alloc_time(h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5d.FILL_TIME_NEVER)
+    dcpl.set_obj_track_times(False)
+    offsets = {}
+    with h5py.File(path, "w", libver=LIBVER, locking=False) as f:
+        root_attrs(f, index, NODE_FORMAT)
+        f.attrs["node"] = np.int64(node)
+        f.attrs["ranks"] = np.asarray(node_ranks, np.int64)
+        types = {e.name: h5_type(np.dtype(e.dtype)) for e in index.arrays}
+        for r in node_ranks:
+            g = f.create_group(lay.rank_group(r))
+            g.attrs["rank"] = np.int64(r)
+            for e in index.arrays:
+                b = e.blocks[r]
+                if b is None:
+                    continue
+                space = h5s.create(h5s.SCALAR) if b.shape == () else h5s.create_simple(b.shape)
+                dsid = h5d.create(g.id, e.name.encode(), types[e.name], space, dcpl=dcpl)
+                ds = g[e.name]
+                ds.attrs["checksum"] = b.checksum
+                ds.attrs["layout"] = e.layout
+                if e.global_shape is not None:
+                    ds.attrs["global_shape"] = np.asarray(e.global_shape, np.int64)
+                    ds.attrs["global_offset"] = np.asarray(b.offset, np.int64)
+                off = dsid.get_offset()
+                if off is None and e.nbytes(r) > 0:
+                    raise CheckpointWriteError(f"{path}: HDF5 did not allocate {e.name!r} of rank {r}")
+                offsets[(r, e.name)] = off
+    return offsets
+
+
+def write_master(path, index, file_mode):
+    """The master file: rank links, global arrays as virtual datasets, shared arrays as links."""
+    import h5py
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, file_mode)
+    os.close(fd)
+    with h5py.File(path, "w", libver=LIBVER, locking=False) as f:
+        root_attrs(f, index, FORMAT)
+        f.attrs["nnodes"] = np.int64(max(index.node_of) + 1)
+        f.attrs["node_of"] = np.asarray(index.node_of, np.int64)
+        f.attrs["arrays"] = [e.name for e in index.arrays]
+        for r in range(index.world_size):
+            f[lay.rank_group(r)] = h5py.ExternalLink(lay.node_file(index.node_of[r]), "/" + lay.rank_group(r))
+        for e in index.arrays:
+            if e.layout in SHARED_LAYOUTS:
+                f[e.name] = h5py.ExternalLink(lay.node_file(index.node_of[0]), f"/{lay.rank_group(0)}/{e.name}")
+                continue
+            if e.global_shape is None:
+                continue
+            dtype = h5_dtype(np.dtype(e.dtype))
+            owners = [r for r, b in enumerate(e.blocks) if lay.volume(b.shape) > 0]
+            if e.global_shape == ():
+                r = owners[0]
+                f[e.name] = h5py.ExternalLink(lay.node_file(index.node_of[r]), f"/{lay.rank_group(r)}/{e.name}")
+                continue
+            if lay.volume(e.global_shape) == 0:
+                obj = f.create_dataset(e.name, e.global_shape, dtype)
+            else:
+                layout = h5py.VirtualLayout(e.global_shape, dtype)
+                for r in owners:
+                    b = e.blocks[r]
+                    src = h5py.VirtualSource(lay.node_file(index.node_of[r]), f"/{lay.rank_group(r)}/{e.name}",
+                                             shape=b.shape, dtype=dtype)
+                    layout[tuple(slice(o, o + n) for o, n in zip(b.offset, b.shape))] = src
+                obj = f.create_virtual_dataset(e.name, layout)
+            obj.attrs["layout"] = e.layout
+            obj.attrs["block_offsets"] = np.asarray([b.offset for b in e.blocks], np.int64).reshape(
+                index.world_size, len(e.global_shape))
+            obj.attrs["block_shapes"] = np.asarray([b.shape for b in e.blocks], np.int64).reshape(
+                index.world_size, len(e.global_shape))
+            obj.attrs["block_checksums"] = [b.checksum for b in e.blocks]
+    fsync_file(path)
+
+
+def fsync_file(path):
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------- checking
+def open_node(step_dir, index, node, cache):
+    """Validate node file ``node`` once (cached in ``cache``); return (path, {(rank, name):
+    (offset, nbytes)})."""
+    if node in cache:
+        return cache[node]
+    import h5py
+    from h5py import h5d
+    name = lay.node_file(node)
+    path = os.path.join(step_dir, name)
+    st = regular_file(path)
+    if st.st_size != index.files.get(name):
+        raise CorruptCheckpointError(f"{path}: size {st.st_size} bytes, the index says {index.files.get(name)} "
+                                     f"({'truncated' if st.st_size < (index.files.get(name) or 0) else 'changed'})")
+    where = {}
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            check_root_attrs(f, index, NODE_FORMAT, path)
+            if attr_int(f, "node", path) != node:
+                raise CorruptCheckpointError(f"{path}: belongs to node {f.attrs.get('node')!r}")
+            for r in (q for q, n in enumerate(index.node_of) if n == node):
+                for e in index.arrays:
+                    b = e.blocks[r]
+                    if b is None:
+                        continue
+                    key = f"{lay.rank_group(r)}/{e.name}"
+                    ds = f.get(key, getlink=True)
+                    if not isinstance(ds, h5py.HardLink):
+                        raise CorruptCheckpointError(f"{path}: {key} is missing or not a plain dataset")
+                    ds = f[key]
+                    if not isinstance(ds, h5py.Dataset) or ds.shape != b.shape or ds.dtype != np.dtype(e.dtype):
+                        raise CorruptCheckpointError(f"{path}: {key} is not a {b.shape} {e.dtype} dataset")
+                    if ds.id.get_create_plist().get_layout() != h5d.CONTIGUOUS:
+                        raise CorruptCheckpointError(f"{path}: {key} is not stored contiguously")
+                    if attr_str(ds, "checksum", path) != b.checksum:
+                        raise CorruptCheckpointError(f"{path}: {key} has checksum attribute "
+                                                     f"{ds.attrs.get('checksum')!r}, the index says {b.checksum}")
+                    nbytes = e.nbytes(r)
+                    off = ds.id.get_offset()
+                    if nbytes and (off is None or off < 0 or off + nbytes > st.st_size):
+                        raise CorruptCheckpointError(f"{path}: {key} lies outside the file")
+                    where[(r, e.name)] = (off or 0, nbytes)
+    except CorruptCheckpointError:
+        raise
+    except Exception as e:   # noqa: BLE001 - anything HDF5 says about a damaged file
+        raise CorruptCheckpointError(f"{path}: cannot be read as a node file ({type(e).__name__}: {e})") from None
+    cache[node] = (path, where)
+    return cache[node]
+
+
+class BlockReader:
+    """Reads (and hashes) blocks of one pfs step from its node files (local)."""
+
+    def __init__(self, step_dir, index, chunk):
+        self.step_dir, self.index, self.chunk = step_dir, index, chunk
+        self._nodes, self._fds = {}, {}
+        self._buf = np.empty(chunk, np.uint8)
+
+    def source(self, rank, name):
+        """(fd, path, file offset, nbytes) of rank ``rank``'s block of array ``name``."""
+        path, where = open_node(self.step_dir, self.index, self.index.node_of[rank], self._nodes)
+        if path not in self._fds:
+            self._fds[path] = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        off, nbytes = where[(rank, name)]
+        return self._fds[path], path, off, nbytes
+
+    def verify(self, i, rank):
+        """CorruptCheckpointError unless rank ``rank``'s block of array ``i`` matches its checksum."""
+        e = self.index.arrays[i]
+        fd, path, off, nbytes = self.source(rank, e.name)
+        hasher = new_hasher()
+        for start in range(0, nbytes, self._buf.nbytes):
+            piece = self._buf[:min(self._buf.nbytes, nbytes - start)]
+            storage.pread_into(fd, piece, off + start, path)
+            hasher.update(piece)
+        if hasher.hexdigest() != e.blocks[rank].checksum:
+            raise CorruptCheckpointError(f"{path}: array {e.name!r} of rank {rank} fails its checksum "
+                                         f"({hasher.hexdigest()} != {e.blocks[rank].checksum})")
+
+    def read_verified(self, i, rank):
+        """The bytes of one (small) block, checked against its checksum."""
+        e = self.index.arrays[i]
+        fd, path, off, nbytes = self.source(rank, e.name)
+        out = np.empty(nbytes, np.uint8)
+        storage.pread_into(fd, out, off, path)
+        if digest(out) != e.blocks[rank].checksum:
+            raise CorruptCheckpointError(f"{path}: array {e.name!r} of rank {rank} fails its checksum")
+        return out
+
+    def close(self):
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+
+
+def check_master(step_dir, index):
+    """The master file matches the index and points only at node files of the step."""
+    import h5py
+    path = os.path.join(step_dir, MASTER)
+    regular_file(path)
+    # damaged HDF5 metadata can crash libhdf5 itself: check the bytes before HDF5 reads them
+    if file_digest(path) != index.master_checksum:
+        raise CorruptCheckpointError(f"{path}: does not match its checksum in {MARKER}")
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            check_root_attrs(f, index, FORMAT, path)
+            for r in range(index.world_size):
+                link = f.get(lay.rank_group(r), getlink=True)
+                if not isinstance(link, h5py.ExternalLink):
+                    raise CorruptCheckpointError(f"{path}: /{lay.rank_group(r)} is not an external link")
+                check_link(link, lay.node_file(index.node_of[r]), "/" + lay.rank_group(r), path)
+            for e in index.arrays:
+                if e.global_shape is None and e.layout not in SHARED_LAYOUTS:
+                    continue
+                link = f.get(e.name, getlink=True)
+                if isinstance(link, h5py.ExternalLink):
+                    r = next(r for r, b in enumerate(e.blocks) if b is not None and
+                             (e.layout in SHARED_LAYOUTS or lay.volume(b.shape) > 0))
+                    check_link(link, lay.node_file(index.node_of[r]), f"/{lay.rank_group(r)}/{e.name}", path)
+                    continue
+                ds = f[e.name] if isinstance(link, h5py.HardLink) else None
+                if not isinstance(ds, h5py.Dataset) or ds.shape != e.global_shape or \
+                        ds.dtype != np.dtype(e.dtype):
+                    raise CorruptCheckpointError(f"{path}: /{e.name} is not a {e.global_shape} {e.dtype} dataset")
+                checks = [to_str(c) for c in ds.attrs.get("block_checksums", [])]
+                if checks != [b.checksum for b in e.blocks]:
+                    raise CorruptCheckpointError(f"{path}: /{e.name} block checksums differ from the index")
+                if ds.is_virtual:
+                    for m in ds.virtual_sources():
+                        try:
+                            lay.check_safe_source(m.file_name)
+                        except ValueError as err:
+                            raise CorruptCheckpointError(f"{path}: /{e.name}: {err}") from None
+                        if not m.dset_name.startswith("/rank_") or not m.dset_name.endswith("/" + e.name):
+                            raise CorruptCheckpointError(f"{path}: /{e.name} maps {m.dset_name!r}")
+    except CorruptCheckpointError:
+        raise
+    except Exception as e:   # noqa: BLE001
+        raise CorruptCheckpointError(f"{path}: cannot be read as a master file ({type(e).__name__}: {e})") from None
+
+
+def verify_step(step_dir, name=None, chunk=1 << 20, max_bytes=None):
+    """Local: re-check everything of one committed pfs step (index, master, every block of every
+    node file). Returns (index or None, [problem, ...]): one problem per damaged part."""
+    try:
+        index = read_index(step_dir, name, max_bytes)
+    except (CorruptCheckpointError, IncompatibleCheckpointError) as e:
+        return None, [str(e)]
+    problems = []
+    try:
+        check_master(step_dir, index)
+    except CorruptCheckpointError as e:
+        problems.append(str(e))
+    reader = BlockReader(step_dir, index, chunk)
+    bad_nodes = set()
+    try:
+        for i, e in enumerate(index.arrays):
+            for r in e.holders():
+                node = index.node_of[r]
+                if node in bad_nodes:
+                    continue
+                try:
+                    reader.verify(i, r)
+                except CorruptCheckpointError as err:
+                    problems.append(str(err))
+                    if "checksum" not in str(err):
+                        bad_nodes.add(node)       # the whole node file is unreadable: say it once
+    finally:
+        reader.close()
+    return index, problems
+
+
+# ---------------------------------------------------------------------- small helpers
+def h5_dtype(dtype):
+    """The dtype h5py stores: NumPy's own, or an opaque tag for str/datetime/timedelta."""
+    import h5py
+    return h5py.opaque_dtype(dtype) if dtype.kind in "UmM" else dtype
+
+
+def h5_type(dtype):
+    from h5py import h5t
+    return h5t.py_create(h5_dtype(dtype), logical=True)
+
+
+def root_attrs(f, index, fmt):
+    f.attrs["format"] = fmt
+    f.attrs["version"] = np.int64(VERSION)
+    f.attrs["name"] = index.name
+    f.attrs["step"] = np.int64(index.step)
+    f.attrs["epoch"] = np.int64(index.epoch)
+    f.attrs["ckpt_id"] = index.ckpt_id
+    f.attrs["world_size"] = np.int64(index.world_size)
+    f.attrs["checksum_algorithm"] = ALGORITHM
+
+
+def to_str(value):
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else None
+
+
+def attr_str(obj, key, path):
+    v = to_str(obj.attrs.get(key))
+    if v is None:
+        raise CorruptCheckpointError(f"{path}: attribute {key!r} is missing or not a string")
+    return v
+
+
+def attr_int(obj, key, path):
+    v = obj.attrs.get(key)
+    if isinstance(v, np.ndarray) and v.shape == ():
+        v = v[()]
+    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
+        raise CorruptCheckpointError(f"{path}: attribute {key!r} is missing or not an integer ({v!r})")
+    return int(v)
+
+
+def check_root_attrs(f, index, fmt, path):
+    if attr_str(f, "format", path) != fmt:
+        raise CorruptCheckpointError(f"{path}: format {f.attrs.get('format')!r}, expected {fmt!r}")
+    version = attr_int(f, "version", path)
+    if version > VERSION:
+        raise IncompatibleCheckpointError(f"{path}: format version {version} is newer than this hpcckpt ({VERSION})")
+    for key, want in (("step", index.step), ("world_size", index.world_size)):
+        if attr_int(f, key, path) != want:
+            raise CorruptCheckpointError(f"{path}: attribute {key} is {f.attrs.get(key)!r}, the index says {want}")
+    for key, want in (("name", index.name), ("ckpt_id", index.ckpt_id), ("checksum_algorithm", ALGORITHM)):
+        if attr_str(f, key, path) != want:
+            raise CorruptCheckpointError(f"{path}: attribute {key} is {f.attrs.get(key)!r}, the index says {want!r}")
+
+
+def regular_file(path):
+    """lstat of ``path``; CorruptCheckpointError unless it is a regular file (no links)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"{path}: missing") from None
+    except OSError as e:
+        raise CorruptCheckpointError(f"{path}: cannot be examined ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CorruptCheckpointError(f"{path}: not a regular file")
+    return st
+
+
+def check_link(link, want_file, want_path, path):
+    try:
+        lay.check_safe_source(link.filename)
+    except ValueError as err:
+        raise CorruptCheckpointError(f"{path}: {err}") from None
+    if link.filename != want_file or link.path != want_path:
+        raise CorruptCheckpointError(f"{path}: link to {link.filename}:{link.path}, expected {want_file}:{want_path}")
+
+
+def file_digest(path):
+    """XXH3-64 (hex) of a small file's bytes."""
+    with open(path, "rb") as f:
+        return digest(f.read())

@@ -1,0 +1,143 @@
+"""State dicts under real mpiexec: an application that swaps buffers, migrates particles, keeps a
+rank-0-only history, Python scalars and a NumPy Generator (tests/mpi/apps/sim_app.py) crashes and
+restarts at the local, partner (node lost), xor (node lost) and pfs (other rank counts) levels,
+and ends bitwise equal to a failure-free run. Mismatches name the values."""
+import glob
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from harness import run_mpi
+
+pytestmark = pytest.mark.mpi
+STEPS, EVERY, CRASH = 20, 5, 13        # checkpoints 4 and 9 are on disk when rank 1 dies at 13
+
+
+def sim(nprocs, root, *args, level="local", config=None, expect_rc=0, name="sim"):
+    cfg = {"ranks_per_node": 1, "group_size": 4}
+    cfg.update(config or {})
+    res = run_mpi(nprocs, "sim_app.py", "--cache", os.path.join(root, "node{node}"), "--pfs", os.path.join(root, "pfs"),
+                  "--name", name, "--steps", STEPS, "--every", EVERY, "--level", level,
+                  "--config-json", json.dumps(cfg), *args, timeout=120)
+    if expect_rc is not None:
+        assert res.returncode == expect_rc, str(res)
+    return res
+
+
+def restart_step(res):
+    (value,) = res.lines("RESTART")
+    return None if value == "None" else int(value)
+
+
+def load(out):
+    ranks = []
+    for path in sorted(glob.glob(os.path.join(out, "rank_*.npz")), key=lambda p: int(p.split("_")[-1][:-4])):
+        with np.load(path) as z:
+            ranks.append({k: z[k] for k in z.files})
+    return ranks
+
+
+def per_rank_identical(a, b):
+    assert len(a) == len(b)
+    for r, (x, y) in enumerate(zip(a, b)):
+        assert sorted(x) == sorted(y)
+        for k in x:
+            assert x[k].dtype == y[k].dtype and x[k].shape == y[k].shape and x[k].tobytes() == y[k].tobytes(), \
+                f"rank {r}: {k!r} differs: WRONG DATA"
+
+
+def global_view(ranks):
+    """What does not depend on the decomposition: the assembled field, the particle set sorted by
+    id, rank 0's history, and the replicated values."""
+    u = np.concatenate([r["u"] for r in sorted(ranks, key=lambda r: int(r["lo"]))])
+    ids = np.concatenate([r["ids"] for r in ranks])
+    order = np.argsort(ids)
+    pos = np.concatenate([r["pos"] for r in ranks])[order]
+    vel = np.concatenate([r["vel"] for r in ranks])[order]
+    view = {"u": u, "ids": ids[order], "pos": pos, "vel": vel, "history": ranks[0]["history"]}
+    for k in ("t", "step", "scale", "rng"):
+        values = {r[k].tobytes() for r in ranks}
+        assert len(values) == 1, f"replicated {k!r} differs between ranks"
+        view[k] = ranks[0][k]
+    return view
+
+
+def globally_identical(a, b):
+    ga, gb = global_view(a), global_view(b)
+    for k in ga:
+        assert ga[k].dtype == gb[k].dtype and ga[k].shape == gb[k].shape and ga[k].tobytes() == gb[k].tobytes(), \
+            f"{k!r} differs from the failure-free run: WRONG DATA"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Failure-free runs: 4 ranks (with and without a per-rank Generator), 3 ranks."""
+    out = {}
+    for key, n, extra in (("4", 4, ()), ("4-rng", 4, ("--per-rank-rng",)), ("3", 3, ())):
+        root = str(tmp_path_factory.mktemp(f"ref{key}"))
+        sim(n, root, "--no-restart", "--out", os.path.join(root, "out"), *extra)
+        out[key] = load(os.path.join(root, "out"))
+    return out
+
+
+@pytest.fixture
+def root(tmp_path):
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
+    path = os.path.join(base, f"hpcckpt-state-{os.getpid()}-{os.urandom(4).hex()}")
+    os.makedirs(path)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_decomposition_does_not_change_the_result(reference):
+    """The app's premise: 3 and 4 ranks compute the same global state, bit for bit."""
+    globally_identical(reference["4"], reference["3"])
+
+
+@pytest.mark.parametrize("level,lose_node", [("local", None), ("partner", 1), ("xor", 2)])
+def test_crash_and_restart_bitwise(level, lose_node, root, reference):
+    crashed = sim(4, root, "--crash-at", CRASH, "--per-rank-rng", level=level, expect_rc=None)
+    assert crashed.returncode != 0 and "CKPT 9" in crashed.stdout, str(crashed)
+    if lose_node is not None:
+        shutil.rmtree(os.path.join(root, f"node{lose_node}"))
+    res = sim(4, root, "--out", os.path.join(root, "out"), "--per-rank-rng", level=level)
+    assert restart_step(res) == 9
+    per_rank_identical(load(os.path.join(root, "out")), reference["4-rng"])
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_pfs_restart_on_another_rank_count(nprocs, root, reference):
+    crashed = sim(4, root, "--crash-at", CRASH, level="pfs", expect_rc=None)
+    assert crashed.returncode != 0 and "CKPT 9" in crashed.stdout, str(crashed)
+    for d in glob.glob(os.path.join(root, "node*")):
+        shutil.rmtree(d)
+    res = sim(nprocs, root, "--out", os.path.join(root, "out"), level="pfs")
+    assert restart_step(res) == 9
+    globally_identical(load(os.path.join(root, "out")), reference["4"])
+
+
+def test_per_rank_value_on_another_rank_count_is_named(root):
+    sim(4, root, "--per-rank-rng", "--steps", 10, level="pfs")
+    for d in glob.glob(os.path.join(root, "node*")):
+        shutil.rmtree(d)
+    res = sim(3, root, "--per-rank-rng", level="pfs", expect_rc=3)
+    errors = res.lines("ERROR")
+    assert len(errors) == 3 and all(e.startswith("IncompatibleCheckpointError") and "'local_rng'" in e
+                                    and "per rank" in e for e in errors), str(res)
+
+
+def test_a_key_the_checkpoint_lacks_is_named_on_every_rank(root):
+    sim(4, root, "--steps", 10)
+    res = sim(4, root, "--extra-key", expect_rc=3)
+    errors = res.lines("ERROR")
+    assert len(errors) == 4 and all(e.startswith("MismatchError") and "'extra'" in e for e in errors), str(res)
+
+
+def test_replicated_values_that_differ_are_refused(root):
+    res = sim(4, root, "--bad-replicated", "--no-restart", expect_rc=3)
+    errors = res.lines("ERROR")
+    assert len(errors) == 4 and all(e.startswith("ProtectError") and "'state.params'" in e for e in errors), str(res)
+    assert not glob.glob(os.path.join(root, "node*", "sim", "step_*", "rank_*.json")), "nothing committed"
