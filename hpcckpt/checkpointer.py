@@ -43,8 +43,8 @@ from .errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError,
                      MismatchError, ProtectError)
 from .levels.local import LocalCache
 from .levels.partner import PartnerLevel
-from .levels.pfs import PfsStore, items_from_manifest, listing as pfs_listing
-from .levels.pfs_index import max_index_bytes
+from .levels.pfs import PfsStore, items_from_manifest, listing as pfs_listing, remove_step_dir
+from .levels.pfs_index import committed_steps as pfs_committed, max_index_bytes
 from .lock import DirLock
 from .topology import Topology, survivability_warnings
 
@@ -354,10 +354,12 @@ class Checkpointer:
         try:
             manifest, nbytes, seconds = self._write_and_commit(step, level, ckpt_id, state, t0)
         except HpcCkptError:
-            self._discard(step)  # every rank raises; no rank keeps a piece of this step
+            self._discard(step, ckpt_id)  # every rank raises; no rank keeps a piece of this step
             self._report_lost_flush(flush_error)
             raise
         self._last_step = step
+        if self._clear_others and not self._committed:
+            self._clear_earlier_pfs()
         self._committed = True
 
         # 6. pfs: flush the committed step to the parallel file system (now or in the background)
@@ -482,8 +484,12 @@ class Checkpointer:
         text = self._comm.bcast(text, root=0)
         raise mark_collective(ProtectError(text))
 
-    def _discard(self, step):
-        """Local: remove this rank's part of a step that failed to commit (best effort)."""
+    def _discard(self, step, ckpt_id):
+        """Local: remove this rank's part of a step that failed to commit (best effort) — never a
+        committed manifest of another attempt, run or job that the failed write did not replace."""
+        found = self.cache.examine(step)
+        if found is not None and (found.manifest is None or found.manifest.ckpt_id != ckpt_id):
+            return
         try:
             self.cache.retire(step)
         except OSError as e:
@@ -874,6 +880,17 @@ class Checkpointer:
             return {}
         layouts = doc.get("layouts", {})
         return {k: layouts.get(k, {}).get("kind", "rank") for k in doc["items"]}
+
+    def _clear_earlier_pfs(self):
+        """Collective, once (start = "fresh", after this run's first commit): rank 0 removes the
+        pfs checkpoints of earlier runs; the cache's go at the next retire, on every rank."""
+        with Collective(self._comm, "removing the pfs checkpoints of earlier runs"):
+            if self.comm.rank == 0:
+                root = os.path.join(self.config.pfs_dir, self.config.name)
+                for step in pfs_committed(root) if os.path.isdir(root) else []:
+                    listed = self._pfs_listing().get(step)
+                    if listed is None or listed[0] != self._epoch:
+                        remove_step_dir(os.path.join(root, mf.step_dir_name(step)))
 
     def _start_flush(self, manifest):
         """Collective: flush the committed cache files of ``manifest`` to pfs in a background

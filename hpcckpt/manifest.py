@@ -61,6 +61,7 @@ class RankManifest:
     data_size: int
     arrays: tuple
     epoch: int = 1            # the run lineage: a run that starts afresh writes a higher epoch
+    placement: str = ""       # digest of the job's rank -> node map ("" in version 1 files)
 
     @property
     def key(self):
@@ -70,6 +71,7 @@ class RankManifest:
     def to_json(self):
         return sign({"format": FORMAT, "version": VERSION, "name": self.name, "world_size": self.world_size,
                      "rank": self.rank, "node": self.node, "step": self.step, "epoch": self.epoch,
+                     "placement": self.placement,
                      "level": self.level,
                      "ckpt_id": self.ckpt_id, "created": self.created, "checksum_algorithm": ALGORITHM,
                      "data_file": self.data_file, "data_size": self.data_size,
@@ -140,6 +142,9 @@ def parse(doc, where):
             raise bad(f"{key} must be a non-negative integer, got {v!r}")
         ints[key] = v
     epoch = doc.get("epoch", 1) if doc["version"] >= 2 else 1
+    placement = doc.get("placement", "") if doc["version"] >= 2 else ""
+    if not isinstance(placement, str) or (placement and not _HEX_RE.match(placement)):
+        raise bad(f"bad placement {placement!r}")
     if not _is_int(epoch) or not 1 <= epoch <= MAX_STEP or ints["step"] > MAX_STEP:
         raise bad(f"bad epoch {epoch!r} or step {ints['step']!r}")
     if ints["world_size"] < 1 or ints["rank"] >= ints["world_size"]:
@@ -173,7 +178,7 @@ def parse(doc, where):
     return RankManifest(name=strs["name"], world_size=ints["world_size"], rank=ints["rank"], node=ints["node"],
                         step=ints["step"], level=strs["level"], ckpt_id=strs["ckpt_id"], created=float(created),
                         data_file=strs["data_file"], data_size=ints["data_size"], arrays=tuple(entries),
-                        epoch=epoch)
+                        epoch=epoch, placement=placement)
 
 
 def _parse_array(a, where, version=VERSION):
@@ -237,6 +242,12 @@ def _int_tuple(v, bad, what):
 
 def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def placement_digest(node_of):
+    """The digest of a rank -> node map that manifests record: a restart with ranks on other
+    nodes (another ranks_per_node, other hosts) is recognised, not mistaken for lost data."""
+    return digest(",".join(map(str, node_of)).encode())
 
 
 def order_key(epoch, step):

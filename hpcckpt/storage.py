@@ -20,8 +20,22 @@ _CAN_MAP = hasattr(mmap, "MAP_POPULATE") and hasattr(os, "posix_fallocate")
 
 
 def makedirs(path, mode=0o700):
-    """Create a directory and its parents (race-safe between ranks)."""
-    os.makedirs(path, mode=mode, exist_ok=True)
+    """Create a directory and its missing parents, every one of them with ``mode`` (os.makedirs
+    gives ``mode`` to the last one only); race-safe between ranks."""
+    missing = []
+    head = os.path.abspath(path)
+    while head and not os.path.isdir(head):
+        missing.append(head)
+        parent = os.path.dirname(head)
+        if parent == head:
+            break
+        head = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, mode)
+        except FileExistsError:
+            if not os.path.isdir(d):
+                raise
 
 
 def safe_join(root, *parts):

@@ -202,6 +202,8 @@ class EncodedLevel:
         parity_path, _ = self._paths(step)
         deferred.run(storage.makedirs, self.cache.held_dir(step), self.cache.cfg.dir_mode)
         flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
+        if lost_data[pos] or lost_parity[pos]:
+            deferred.run(faults.hit, "rebuild", me, step)   # test hook: kill/ENOSPC on a rebuilt rank
         fd_data = deferred.run(os.open, self.cache.data_path(step), flags, self.cache.cfg.file_mode) if lost_data[pos] else None
         fd_parity = deferred.run(os.open, parity_path, flags, self.cache.cfg.file_mode) if lost_parity[pos] else None
         hashers = [new_hasher() for _ in range(m)]

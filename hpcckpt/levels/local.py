@@ -38,6 +38,7 @@ class LocalCache:
 
     def __init__(self, cfg, topo):
         self.cfg, self.rank, self.node, self.world_size = cfg, topo.rank, topo.node, topo.size
+        self.placement = mf.placement_digest(topo.node_of)
         self.root = os.path.join(expand_cache_dir(cfg, topo.node), cfg.name)
         self._buffer = None
 
@@ -120,7 +121,7 @@ class LocalCache:
         return mf.RankManifest(name=self.cfg.name, world_size=self.world_size, rank=self.rank, node=self.node,
                                step=step, level=level, ckpt_id=ckpt_id, created=time.time(),
                                data_file=mf.data_file_name(self.rank), data_size=size, arrays=tuple(table),
-                               epoch=epoch)
+                               epoch=epoch, placement=self.placement)
 
     def commit(self, manifest):
         """Write the manifest atomically: from now on this rank's part of the step exists."""
@@ -161,10 +162,10 @@ class LocalCache:
             return Found(step, "incompatible", m,
                          f"{path}: step {step} was written by {m.world_size} ranks, this job has {self.world_size}; "
                          "only the pfs level restarts on another rank count")
-        if m.node != self.node:
+        if m.node != self.node or (m.placement and m.placement != self.placement):
             return Found(step, "incompatible", m,
-                         f"{path}: step {step} was written with rank {self.rank} on node {m.node}, this job puts "
-                         f"it on node {self.node} (another ranks_per_node or placement)")
+                         f"{path}: step {step} was written with the ranks placed on other nodes (rank {self.rank} on "
+                         f"node {m.node}; now node {self.node}): another ranks_per_node or other hosts")
         return Found(step, "ok", m)
 
     def scan(self):

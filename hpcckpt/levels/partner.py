@@ -94,6 +94,7 @@ class PartnerLevel:
         recvs = []
         if me in holder_of:
             def my_data_path(meta):
+                faults.hit("rebuild", self.comm.rank, step)   # test hook: kill/ENOSPC on the rebuilt rank
                 storage.makedirs(self.cache.step_dir(step), self.cache.cfg.dir_mode)
                 return self.cache.data_path(step)
             recvs.append((holder_of[me], my_data_path))

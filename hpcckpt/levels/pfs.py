@@ -48,7 +48,8 @@ from .pfs_index import (GLOBAL_LAYOUTS, MARKER, MASTER, SHARED_LAYOUTS, Block, E
                         listing as _listing, max_index_bytes, read_index)
 
 log = logging.getLogger("hpcckpt")
-__all__ = ["PfsStore", "Item", "items_from_arrays", "items_from_manifest", "listing", "MARKER", "MASTER"]
+__all__ = ["PfsStore", "Item", "items_from_arrays", "items_from_manifest", "listing", "remove_step_dir", "MARKER",
+           "MASTER"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -607,20 +608,29 @@ class PfsStore:
                             continue          # another run's, or an index we cannot read: not ours to delete
                     elif not leftover:
                         continue
-                    path = os.path.join(self.root, name)
-                    if os.path.islink(path):          # only the link, never what it points at
-                        storage.remove_file(path)
-                        continue
-                    storage.remove_file(os.path.join(path, MARKER))   # uncommit first
-                    self._remove_tree(path)
+                    remove_step_dir(os.path.join(self.root, name))
 
     def _remove_tree(self, path):
-        try:
-            shutil.rmtree(path)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            log.warning("could not remove %s: %s", path, e)
+        _remove_tree(path)
+
+
+def remove_step_dir(path):
+    """Local: uncommit a step directory (its marker first), then remove it; a planted link is
+    removed itself, never what it points at."""
+    if os.path.islink(path):
+        storage.remove_file(path)
+        return
+    storage.remove_file(os.path.join(path, MARKER))
+    _remove_tree(path)
+
+
+def _remove_tree(path):
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning("could not remove %s: %s", path, e)
 
 
 def _committed(root):

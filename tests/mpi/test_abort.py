@@ -1,0 +1,68 @@
+"""One rank's exception never hangs the job (tests/mpi/apps/fail_app.py, plain ``mpiexec python``).
+
+With ``abort_on_error`` (the default) an exception that leaves ``with Checkpointer`` on one rank,
+or is uncaught after it, prints that rank's traceback and aborts the job in seconds; an
+interrupt inside a collective call is agreed on, so the other ranks raise too instead of waiting.
+Every job runs under the harness timeout: a hang fails the test instead of blocking it."""
+import json
+import os
+import time
+
+import pytest
+
+from harness import run_mpi
+
+pytestmark = pytest.mark.mpi
+QUICK = 60          # seconds: the jobs end in a few; the timeout only catches a hang
+
+
+def fail(root, mode, config=None, env=None, nprocs=4):
+    t0 = time.monotonic()
+    res = run_mpi(nprocs, "fail_app.py", "--cache", os.path.join(root, "node{node}"), "--mode", mode,
+                  "--config-json", json.dumps(config or {}), env=env, timeout=QUICK)
+    return res, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("mode,rank,text", [
+    ("raise-in-with", 2, "ValueError: rank 2 failed in the application's step"),
+    ("raise-outside", 1, "ValueError: rank 1 failed after the checkpointer was closed"),
+    ("protect-error", 3, "ProtectError: array 'u' is not C-contiguous")])
+def test_one_rank_exception_ends_the_job_with_its_traceback(mode, rank, text, shm_dir):
+    res, _ = fail(shm_dir, mode)
+    assert res.returncode == 1, str(res)
+    assert f"hpcckpt[rank {rank}]: uncaught exception on this rank; aborting the job" in res.stderr, str(res)
+    assert text in res.stderr and "Traceback (most recent call last)" in res.stderr, str(res)
+
+
+@pytest.mark.parametrize("action,cls,rc", [("interrupt", "KeyboardInterrupt", 130), ("exit", "SystemExit", 5)])
+def test_interrupt_inside_checkpoint_aborts_by_default(action, cls, rc, shm_dir):
+    res, _ = fail(shm_dir, "fault", env={"_HPCCKPT_FAULT": f"written:1:1:{action}"})
+    # the app catches it on rank 1 and goes on; the others raised CollectiveError and went on:
+    # the checkpoint of step 1 failed everywhere, the job continues and ends normally
+    caught = res.lines("CAUGHT")
+    assert res.returncode == 0 and "DONE" in res.stdout, str(res)
+    assert any(c.startswith(f"{cls} rank=1") for c in caught), str(res)
+    others = [c for c in caught if not c.startswith(f"{cls} rank=1")]
+    assert len(others) == 3 and all(c.startswith("CollectiveError") and cls in c for c in others), str(res)
+
+
+def test_uncaught_interrupt_inside_checkpoint_aborts_the_job(shm_dir):
+    res, seconds = fail(shm_dir, "fault-uncaught", env={"_HPCCKPT_FAULT": "written:1:1:interrupt"})
+    # rank 1 aborts with 130; the others raised an agreed CollectiveError and may exit first:
+    # mpiexec reports whichever ended the job, never a hang
+    assert res.returncode != 0 and "DONE" not in res.stdout, str(res)
+    assert "hpcckpt[rank 1]: uncaught exception on this rank" in res.stderr and "KeyboardInterrupt" in res.stderr
+
+
+def test_exception_on_every_rank_while_a_flush_runs_waits_for_it(shm_dir):
+    res, _ = fail(shm_dir, "flush-then-raise", config={"async_flush": True, "abort_on_error": False})
+    assert res.returncode != 0 and "Segmentation" not in res.stderr, str(res)
+    assert "every rank fails while the flush runs" in res.stderr, str(res)   # (4 ranks' lines interleave)
+    assert "flush of step 0 completed while an exception was unwinding" in res.stderr, str(res)
+    assert os.path.exists(os.path.join(shm_dir, "pfs", "fail", "step_0000000000", "COMMITTED.json"))
+
+
+def test_scavenge_right_after_an_async_pfs_checkpoint(shm_dir):
+    res, _ = fail(shm_dir, "async-scavenge", config={"async_flush": True})
+    assert res.returncode == 0 and "DONE" in res.stdout, str(res)
+    assert res.lines("SCAVENGED") == ["None"], str(res)      # pfs already has step 1 once the flush is done
