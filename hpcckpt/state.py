@@ -212,7 +212,7 @@ def parse_document(data, where):
             raise CorruptCheckpointError(f"{where}: bad state key {key!r}")
         try:
             _check_encoded(enc, 0)
-        except (ValueError, TypeError, RecursionError) as e:
+        except (ValueError, TypeError, RecursionError, ProtectError) as e:
             raise CorruptCheckpointError(f"{where}: state[{key!r}] is damaged ({e})") from None
     return doc
 

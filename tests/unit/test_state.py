@@ -1,0 +1,149 @@
+"""State dicts (hpcckpt/state.py), in one process: flattening, the JSON document, bit-exact
+values, restore plans (in place vs replaced), mismatches that name their keys, damaged documents."""
+import math
+import struct
+
+import numpy as np
+import pytest
+
+from hpcckpt import state as st
+from hpcckpt.errors import CorruptCheckpointError, MismatchError, ProtectError
+
+
+def round_trip(state):
+    """flatten -> document bytes -> parse -> plan into a state of placeholders -> apply."""
+    flat = st.flatten(state)
+    arrays = {name: array.copy() for name, array, _ in flat.arrays}
+    doc = st.parse_document(st.document_bytes(flat.document), "test")
+    shapes = {name: (a.shape, a.dtype.str) for name, a in arrays.items()}
+    target = placeholder(state)
+    plan = st.plan_restore(target, doc["items"], shapes, "test")
+    for name, dst in plan.reads:
+        dst[...] = arrays[name]
+    plan.apply()
+    return target, plan
+
+
+def placeholder(v):
+    if isinstance(v, dict):
+        return {k: placeholder(x) for k, x in v.items()}
+    return None
+
+
+def same(a, b):
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    if isinstance(a, float):
+        return type(b) is float and struct.pack(">d", a) == struct.pack(">d", b)
+    if isinstance(a, np.generic):
+        return type(a) is type(b) and a.tobytes() == b.tobytes()
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return type(b) is dict and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def test_values_come_back_bit_for_bit_with_their_types():
+    nan = struct.unpack(">d", bytes.fromhex("7ff8000000000123"))[0]          # a nan with a payload
+    state = {"t": 0.1 + 0.2, "neg0": -0.0, "inf": -math.inf, "nan": nan, "big": 2 ** 130 + 7, "small": -3,
+             "flag": True, "none": None, "name": "héat", "raw": b"\x00\xff", "z": complex(1.5, -2.0),
+             "f32": np.float32(1.1), "i8": np.int8(-5), "when": np.datetime64("2026-12-03T10:00"),
+             "bc": ("dirichlet", 0.0, [1, 2.5]), "nested": {"a": {"b": [None, {"c": 1}]}},
+             "rng": np.random.default_rng(5).bit_generator.state}
+    out, _ = round_trip(state)
+    assert same(state, out)
+
+
+def test_mt19937_generator_state_with_its_key_array_round_trips():
+    rng = np.random.Generator(np.random.MT19937(3))
+    rng.random(10)
+    out, _ = round_trip({"rng": rng.bit_generator.state})
+    other = np.random.Generator(np.random.MT19937(0))
+    other.bit_generator.state = out["rng"]
+    assert other.random(5).tobytes() == rng.random(5).tobytes()
+
+
+def test_arrays_anywhere_in_dicts_are_named_by_their_path():
+    state = {"u": np.arange(6.0).reshape(2, 3), "p": {"pos": np.zeros((4, 2)), "ids": np.arange(4)}}
+    flat = st.flatten(state)
+    assert [n for n, _, _ in flat.arrays] == ["u", "p.pos", "p.ids"]
+    assert flat.document["items"]["p"] == {"$dict": {"pos": {"$array": "p.pos"}, "ids": {"$array": "p.ids"}}}
+    out, _ = round_trip(state)
+    assert same(state, out)
+
+
+def test_non_contiguous_arrays_are_saved_as_they_look():
+    a = np.arange(20.0).reshape(4, 5)[:, 1:3]
+    flat = st.flatten({"v": a})
+    assert flat.arrays[0][1].flags.c_contiguous and flat.arrays[0][1].tobytes() == np.ascontiguousarray(a).tobytes()
+
+
+def test_same_shape_arrays_are_filled_in_place_others_replaced():
+    saved = {"u": np.arange(5.0), "grow": np.arange(7), "d": {"w": np.ones(3)}}
+    flat = st.flatten(saved)
+    doc = st.parse_document(st.document_bytes(flat.document), "t")
+    shapes = {n: (a.shape, a.dtype.str) for n, a, _ in flat.arrays}
+    u, w, inner = np.zeros(5), np.zeros(3), {"w": None}
+    inner["w"] = w
+    target = {"u": u, "grow": np.zeros(2, np.int64), "d": inner}
+    plan = st.plan_restore(target, doc["items"], shapes, "t")
+    assert {n for n, dst in plan.reads if dst is u} == {"u"} and any(dst is w for _, dst in plan.reads)
+    for name, dst in plan.reads:
+        dst[...] = next(a for n, a, _ in flat.arrays if n == name)
+    plan.apply()
+    assert target["u"] is u and target["d"] is inner and target["d"]["w"] is w
+    assert target["grow"].shape == (7,) and target["grow"].tobytes() == saved["grow"].tobytes()
+
+
+def test_a_plan_touches_nothing_before_apply():
+    flat = st.flatten({"t": 1.5, "u": np.arange(3.0)})
+    doc = st.parse_document(st.document_bytes(flat.document), "t")
+    target = {"t": 0.0, "u": np.zeros(4)}
+    plan = st.plan_restore(target, doc["items"], {"u": ((3,), "<f8")}, "t")
+    assert target["t"] == 0.0 and target["u"].shape == (4,)
+    plan.apply()
+    assert target["t"] == 1.5 and target["u"].shape == (3,)
+
+
+@pytest.mark.parametrize("target,names", [({"a": 1}, ["'b'"]), ({"a": 1, "b": 2, "c": 3}, ["'c'"]),
+                                          ({"a": 1, "b": {"x": 1, "y": 2}}, ["'b.y'"])])
+def test_keys_must_match_at_every_depth_and_are_named(target, names):
+    flat = st.flatten({"a": 1, "b": {"x": 1}})
+    doc = st.parse_document(st.document_bytes(flat.document), "t")
+    if "b" in target and not isinstance(target["b"], dict):
+        target["b"] = {"x": 0}
+    with pytest.raises(MismatchError) as e:
+        st.plan_restore(target, doc["items"], {}, "step 9")
+    assert all(n in str(e.value) for n in names) and "step 9" in str(e.value)
+
+
+@pytest.mark.parametrize("state,text", [
+    ({"a b": 1}, "state key"), ({1: 2}, "state key"), ({"x": object()}, "cannot be checkpointed"),
+    ({"x": {2: 1}}, "dict keys must be str"), ({"x": [np.zeros(2)]}, "inside a list"),
+    ({"x": {"a.b": np.zeros(2)}}, "leads to an array"), ({"x": np.array([object()])}, "cannot be checkpointed")])
+def test_what_cannot_be_saved_is_refused_by_name(state, text):
+    with pytest.raises(ProtectError) as e:
+        st.flatten(state)
+    assert text in str(e.value)
+
+
+@pytest.mark.parametrize("data", [b"not json", b'{"format": "x", "items": {}}', b'{"format": "hpcckpt-state", "version": 9, "items": {}}',
+                                  b'{"format": "hpcckpt-state", "version": 1, "items": {"t": {"$float": "12"}}}',
+                                  b'{"format": "hpcckpt-state", "version": 1, "items": {"t": {"$pickle": "x"}}}',
+                                  b'{"format": "hpcckpt-state", "version": 1, "items": {"t": {"$scalar": ["|O", "00"]}}}',
+                                  b'{"format": "hpcckpt-state", "version": 1, "items": {"t": 1}, "layouts": {"t": {"kind": "x"}}}',
+                                  b"[" * 100000])
+def test_damaged_documents_are_corrupt_not_a_traceback(data):
+    with pytest.raises(CorruptCheckpointError):
+        st.parse_document(data, "here")
+
+
+def test_layouts():
+    assert st.Block((4, 5), (2, 0)) == st.Layout("block", (4, 5), (2, 0))
+    assert st.as_layout("replicated") is not None and st.as_layout(st.ROWS) is st.ROWS
+    for bad in ("block", "columns", 3):
+        with pytest.raises(ProtectError):
+            st.as_layout(bad)
+    with pytest.raises(ProtectError):
+        st.Block((4,), (-1,))
