@@ -8,6 +8,11 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
 
 
+def pytest_configure(config):
+    # here, not in tests/mpi/conftest.py (which selects by it): tests/unit imports the matrix too
+    config.addinivalue_line("markers", "matrix(key): a fault-matrix item; which ones run: tests/mpi/conftest.py")
+
+
 @pytest.fixture
 def shm_dir():
     """A fresh directory on tmpfs (like a node-local cache), removed afterwards."""

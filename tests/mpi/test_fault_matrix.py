@@ -9,9 +9,26 @@ The application (apps/matrix_app.py) checkpoints every 5 steps (4, 9, 14, 19; ke
 rank is SIGKILLed at step 12, so checkpoints 4 and 9 are on disk. Virtual nodes: cache_dir =
 <root>/node{node}, ranks_per_node picks the placement; losing a node = deleting its directory.
 
-By default a representative subset runs (about 2-3 minutes on 2 cores); ``RELIABILITY_FULL=1``
-runs the whole cross product of levels x rank counts x faults (772 cases, hours on 2 cores). With
-``RELIABILITY_RECORD=tests/tools/results`` the outcomes are kept for docs/RELIABILITY.md
+Which cases run (the hook in tests/mpi/conftest.py, the rule in reliability.select): every item
+carries a ``matrix(key)`` mark and the module lists them all in MATRIX_KEYS.
+
+- Always: the representative default subset (17 items: ``Case.default`` plus the real-ENOSPC
+  tests of local and xor and the read-only pfs_dir test).
+- Plus one rotating slice of the other 760 (the rotating pool, marked ``slow``): the pool sorted
+  by key and dealt into N = ceil(760 / SLICE_SIZE) slices of at most 25 (key i in slice i % N, so
+  a slice mixes levels, placements and faults), slice ``seed % N`` runs. The seed is
+  ``RELIABILITY_SLICE`` (an integer; ``none``: no slice), else the commit of the checkout (``git
+  rev-parse HEAD`` as a number), else a fixed seed 0 (the line below says so). Each commit's hash
+  picks its slice, so over many commits CI covers the whole matrix; a slice adds about 1.5-2
+  minutes on 2 cores.
+- ``RELIABILITY_FULL=1``: all 777 (hours on 2 cores).
+
+The other cases are deselected, not skipped; a case named by its full node id
+(``test_fault_matrix.py::test_fault[xor-8r8n-crash]``) always runs. A line after "collected" and
+at the end of the session says what ran, e.g. ``fault matrix: default subset 17 cases + slice 7
+of 31 (seed from commit abc1234: 25 cases) — RELIABILITY_SLICE=7 reruns it, RELIABILITY_FULL=1
+runs all 777``. ``-m "not slow"`` leaves out the slice: the default subset only (about a minute).
+With ``RELIABILITY_RECORD=tests/tools/results`` the outcomes are kept for docs/RELIABILITY.md
 (``python tests/tools/gen_reliability.py``).
 """
 import glob
@@ -25,7 +42,7 @@ import uuid
 import pytest
 
 from harness import run_mpi
-from reliability import FULL, check_restored, record
+from reliability import check_restored, record
 from hpcckpt.topology import encoding_groups, partner_holders
 
 pytestmark = pytest.mark.mpi
@@ -160,7 +177,7 @@ def node_of(nprocs, rpn):
 def cases():
     out = []
     order = itertools.count()
-    default = {     # the representative subset run by default (CI); the rest: RELIABILITY_FULL=1
+    default = {     # the representative subset, always run; the rest: one slice per run, or RELIABILITY_FULL=1
         ("local", 4, 2): {"crash", "flip-data", "kill@commit", "kill@retire"},
         ("partner", 4, 1): {"lose-node+partner", "kill@encode"},
         ("xor", 8, 1): {"lose-2-diff-groups", "flip-parity+lose-member"},
@@ -265,12 +282,24 @@ def cases():
 ALL_CASES = cases()
 
 
+ENOSPC_LEVELS = {"local": True, "xor": True, "partner": False, "pfs": False}   # level: in the default subset
+READ_ONLY_KEY = "pfs-4r2n-read-only-pfs_dir"
+# every item of this module, key: default (True: always runs; False: the rotating pool, see the docstring)
+MATRIX_KEYS = {c.id: c.default for c in ALL_CASES}
+MATRIX_KEYS.update({f"{level}-4r4n-real-ENOSPC": d for level, d in ENOSPC_LEVELS.items()})
+MATRIX_KEYS[READ_ONLY_KEY] = True
+assert len(MATRIX_KEYS) == len(ALL_CASES) + len(ENOSPC_LEVELS) + 1, "matrix keys must be unique"
+
+
+def matrix_marks(key):
+    """The marks of one item: its key for the selection hook (tests/mpi/conftest.py); the
+    rotating pool is also ``slow``."""
+    return [pytest.mark.matrix(key)] + ([] if MATRIX_KEYS[key] else [pytest.mark.slow])
+
+
 def params():
     for c in ALL_CASES:
-        marks = [] if c.default else [pytest.mark.slow]
-        if not c.default and not FULL:
-            marks.append(pytest.mark.skip(reason="full matrix: RELIABILITY_FULL=1"))
-        yield pytest.param(c, id=c.id, marks=marks)
+        yield pytest.param(c, id=c.id, marks=matrix_marks(c.id))
 
 
 @pytest.fixture(scope="module")
@@ -405,11 +434,8 @@ def _umount(target):
     subprocess.run(["umount", "-l", target], capture_output=True)
 
 
-_FULL_ONLY = [pytest.mark.slow] + ([] if FULL else [pytest.mark.skip(reason="full matrix: RELIABILITY_FULL=1")])
-
-
-@pytest.mark.parametrize("level", ["local", "xor", pytest.param("partner", marks=_FULL_ONLY),
-                                   pytest.param("pfs", marks=_FULL_ONLY)])
+@pytest.mark.parametrize("level", [pytest.param(level, marks=matrix_marks(f"{level}-4r4n-real-ENOSPC"))
+                                   for level in ENOSPC_LEVELS])
 def test_real_enospc_on_a_small_tmpfs(level, tmp_path):
     """A 2 MiB tmpfs filled up by another file mid-run: the checkpoint fails on every rank with
     CheckpointWriteError, the previous one stays restorable, and once the file is gone the
@@ -449,6 +475,7 @@ def test_real_enospc_on_a_small_tmpfs(level, tmp_path):
         _umount(mnt)
 
 
+@pytest.mark.matrix(READ_ONLY_KEY)
 def test_read_only_pfs_dir(tmp_path):
     """pfs_dir read-only (a read-only bind mount: chmod does not stop root): restart from pfs
     works, new pfs checkpoints fail on every rank with a clear error, nothing hangs."""
