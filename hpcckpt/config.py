@@ -94,11 +94,6 @@ class Config:
         _check_keys(changes, "replace()")
         return dataclasses.replace(self, **{k: _parse_value(k, v) for k, v in changes.items()})._validated()
 
-    def schedule_levels(self):
-        """The levels the schedule names, cheapest first, plus the default level."""
-        named = set(self.schedule or {}) | {self.level}
-        return tuple(lv for lv in LEVELS if lv in named)
-
     def _validated(self):
         if not _NAME_RE.match(self.name) or ".." in self.name:
             raise ConfigError(f"name {self.name!r}: use 1-128 letters, digits, '.', '_' or '-', "

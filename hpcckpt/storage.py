@@ -8,7 +8,7 @@ import numpy as np
 
 from .codecs.checksum import hexdigest_of, new_hasher
 from .codecs.xxh3 import copy_and_hash
-from .errors import CorruptCheckpointError, HpcCkptError
+from .errors import CorruptCheckpointError
 
 MAX_JSON_BYTES = 16 << 20  # a manifest larger than this is refused before parsing
 # write_method "pwrite" and verify_file hash data right after writing (or reading) it in pieces
@@ -278,9 +278,3 @@ def read_into(path, expected_size, targets, chunk, fault=None):
                     fault()
     finally:
         os.close(fd)
-
-
-def check_inside(root, path):
-    """Raise HpcCkptError when ``path`` is not inside ``root`` (after resolving links)."""
-    if os.path.commonpath([os.path.realpath(root), os.path.realpath(path)]) != os.path.realpath(root):
-        raise HpcCkptError(f"{path} is outside {root}")

@@ -15,14 +15,6 @@ class Topology:
     def node(self):
         return self.node_of[self.rank]
 
-    @property
-    def nnodes(self):
-        return max(self.node_of) + 1
-
-    def ranks_on(self, node):
-        """The ranks of one node, ascending."""
-        return [r for r, n in enumerate(self.node_of) if n == node]
-
     @classmethod
     def build(cls, comm, ranks_per_node="auto"):
         """Collective. ``auto``: MPI shared-memory split; an int n: node = rank // n."""
