@@ -6,6 +6,7 @@ methods are local: the Checkpointer runs the agreement between ranks.
 """
 import dataclasses
 import logging
+import mmap
 import os
 import time
 
@@ -188,15 +189,19 @@ class LocalCache:
 
     def mapped_arrays(self, manifest):
         """Read-only views of the arrays of a committed step, memory-mapped from its data file:
-        (name, array, global_shape, global_offset) as the pfs level takes them (no copy)."""
+        (name, array, global_shape, global_offset) as the pfs level takes them (no copy). The
+        mapping is populated up front (MAP_POPULATE): faulting its pages in one by one while
+        they are copied to the pfs measured ~3x slower."""
+        fd = storage.open_checked(self.data_path(manifest.step), manifest.data_size)
+        try:
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            whole = np.frombuffer(mmap.mmap(fd, manifest.data_size, flags=flags, prot=mmap.PROT_READ), np.uint8) \
+                if manifest.data_size else np.zeros(0, np.uint8)
+        finally:
+            os.close(fd)
         out = []
-        path = self.data_path(manifest.step)
         for a in manifest.arrays:
-            dtype = np.dtype(a.dtype)
-            if a.nbytes == 0:
-                view = np.zeros(a.shape, dtype)
-            else:
-                view = np.memmap(path, dtype=dtype, mode="r", offset=a.offset, shape=a.shape or (1,)).reshape(a.shape)
+            view = whole[a.offset:a.offset + a.nbytes].view(np.dtype(a.dtype)).reshape(a.shape)
             out.append((a.name, view, a.global_shape, a.global_offset))
         return out
 
