@@ -137,6 +137,11 @@ class Collective(contextlib.AbstractContextManager):
 
 def print_abort_notice(exc, rank):
     """Local: print a rank's uncaught exception with its traceback to stderr, before an abort."""
+    if isinstance(exc, SystemExit):
+        sys.stderr.write(f"hpcckpt[rank {rank}]: sys.exit({exc.code!r}) on this rank; aborting the job so that the "
+                         "other ranks do not wait for it (abort_on_error = true)\n")
+        sys.stderr.flush()
+        return
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     sys.stderr.write(f"hpcckpt[rank {rank}]: uncaught exception on this rank; aborting the job "
                      f"(abort_on_error = true):\n{text}")
