@@ -42,14 +42,13 @@ from .config import LEVELS, Config
 from .errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError, IncompatibleCheckpointError,
                      MismatchError, ProtectError)
 from .levels.local import LocalCache
-from .levels.partner import PartnerLevel
+from .levels.registry import REDUNDANT, SPECS
 from .levels.pfs import PfsStore, items_from_manifest, listing as pfs_listing, remove_step_dir
 from .levels.pfs_index import committed_steps as pfs_committed, max_index_bytes
 from .lock import DirLock
 from .topology import Topology, survivability_warnings
 
 log = logging.getLogger("hpcckpt")
-REDUNDANT_LEVELS = ("partner", "xor", "rs")
 _LEVEL_CODE = {lv: i + 1 for i, lv in enumerate(LEVELS)}     # 0 means "none" in reductions
 
 
@@ -190,7 +189,7 @@ class Checkpointer:
 
     def _warn_survivability(self, levels):
         """Rank 0, once per redundancy level: what it cannot survive with this placement."""
-        new = [lv for lv in levels if lv in REDUNDANT_LEVELS and lv not in self._warned]
+        new = [lv for lv in levels if lv in REDUNDANT and lv not in self._warned]
         self._warned.update(new)
         if new and self.comm.rank == 0:
             for text in survivability_warnings(self.topology.node_of, self.config.group_size, self.config.rs_parity,
@@ -363,7 +362,7 @@ class Checkpointer:
         self._committed = True
 
         # 6. pfs: flush the committed step to the parallel file system (now or in the background)
-        if level == "pfs":
+        if SPECS[level].flush:
             if self.config.async_flush and _threads_ok():
                 self._start_flush(manifest)
             else:
@@ -375,7 +374,7 @@ class Checkpointer:
                 seconds = reduce_sum_max(self._comm, 0, time.perf_counter() - t0)[1]
         info = CheckpointInfo(step, level, nbytes, seconds)
 
-        if self._stopping and level == "pfs":
+        if self._stopping and SPECS[level].flush:
             self.wait()                     # the final checkpoint must be durable before exiting
             self._final_done = True
         # 7. retire what the new checkpoint replaces (local; failures only warn)
@@ -417,7 +416,7 @@ class Checkpointer:
         if c.result[0] != U64_MAX - c.result[1]:
             self._replicated_differ(replicated, step)
         # 4. redundancy across nodes: partner copies or parity (collective, errors agreed)
-        if level in REDUNDANT_LEVELS:
+        if SPECS[level].redundant:
             self._warn_survivability((level,))
             with Collective(self._comm, f"encoding checkpoint {step} ({level})"):
                 try:
@@ -669,7 +668,7 @@ class Checkpointer:
             reason, manifest, plan = self._verify_local(step, manifest, ckpt_id, state)
             c.words = [1 if reason else 0]
         if c.result[0]:
-            if level not in REDUNDANT_LEVELS:
+            if not SPECS[level].redundant:
                 self._warn_fallback(step, reason)
                 return False
             # 2. rebuild what is lost from partner copies or parity
@@ -796,14 +795,9 @@ class Checkpointer:
         return True
 
     def _level(self, level):
-        """The redundancy level object (created on first use; creation may be collective)."""
+        """The redundancy object of a redundant level (created on first use, collectively)."""
         if level not in self._levels:
-            if level == "partner":
-                self._levels[level] = PartnerLevel(self.cache, self._comm, self.topology)
-            else:   # imported here: Numba loads only in jobs that use xor or rs
-                from .levels.encoded import EncodedLevel
-                parity = 1 if level == "xor" else self.config.rs_parity
-                self._levels[level] = EncodedLevel(self.cache, self._comm, self.topology, level, parity)
+            self._levels[level] = SPECS[level].make(self.cache, self._comm, self.topology, self.config)
         return self._levels[level]
 
     # ------------------------------------------------------------------ background work

@@ -20,7 +20,7 @@ except ModuleNotFoundError:  # Python < 3.11
 from .errors import ConfigError
 from .units import parse_duration, parse_size
 
-LEVELS = ("local", "partner", "xor", "rs", "pfs")
+from .levels.registry import LEVELS  # noqa: E402 - one definition of the level names
 POLICIES = ("auto", "fixed", "young", "daly", "multilevel")
 WRITE_METHODS = ("mmap", "pwrite")       # how the local level writes its data files (storage.write_arrays)
 STARTS = ("resume", "fresh")             # what restart() does: restore the newest checkpoint, or none

@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import ConfigError
 
-LEVELS = ("local", "partner", "xor", "rs", "pfs")
+from .levels.registry import LEVELS  # noqa: E402 - one definition of the level names
 """Checkpoint levels, cheapest -> most resilient. A checkpoint of a level also protects against
 every failure that a lower level protects against."""
 
