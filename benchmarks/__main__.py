@@ -27,7 +27,8 @@ SUITE = {
     "scaling": ("bench_scaling", "how checkpoint cost grows with ranks and size (from levels.json)"),
     "numba": ("bench_numba", "Numba start-up with a cold and a warm cache"),
 }
-OPTIONAL = {"pfs": ("bench_pfs", "pfs level internals: transfer modes and node files")}
+OPTIONAL = {"pfs": ("bench_pfs", "pfs level internals: node files and restore"),
+            "calls": ("bench_calls", "per-call cost and bytes per rank at 2-16 ranks; start-up placement at simulated P")}
 
 
 def cpu_seconds():
