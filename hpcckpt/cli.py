@@ -2,6 +2,7 @@
 import argparse
 import collections
 import datetime
+import os
 import sys
 
 from . import __version__, catalog
@@ -15,83 +16,231 @@ def _size(n):
         n /= 1024
 
 
-def cmd_list(args):
-    found = [f for f in catalog.find(args.dir) if f.kind == "rank"]
-    pending = catalog.uncommitted_steps(args.dir)
-    if not found and not pending:
-        print(f"no checkpoints under {args.dir}")
-        return 0
-    by_step = collections.defaultdict(list)
-    for f in found:
-        by_step[f.step].append(f)
-    print(f"{'step':>10}  {'level':<8} {'job':<16} {'ranks':>9}  {'bytes':>10}  {'written':<19}  state")
-    for step in sorted(set(by_step) | set(pending)):
-        items = by_step.get(step, [])
-        good = [f for f in items if f.manifest and not f.error]
-        bad = [f for f in items if f.error]
-        if good:
-            m0 = good[0].manifest
-            ranks = {f.rank for f in good}
-            ids = {f.manifest.ckpt_id for f in good}
-            nbytes = sum(f.manifest.data_size for f in good)
-            when = datetime.datetime.fromtimestamp(m0.created).strftime("%Y-%m-%d %H:%M:%S")
-            if len(ids) > 1:
-                state = "MIXED (pieces of different runs)"
-            elif len(ranks) == m0.world_size:
+def _when(t):
+    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _warn_problems(cat, command):
+    for p in cat.problems:
+        print(f"hpcckpt {command}: {p}", file=sys.stderr)
+
+
+def _list_rows(cat):
+    """(sort key, row text) for every cache step and pfs step of a catalog."""
+    rows = []
+    for cs in catalog.cache_steps(cat):
+        bad = [f for f in cs.ranks if f.error]
+        if cs.reference:
+            m0 = cs.manifest
+            ranks = {f.rank for f in cs.reference}
+            nbytes = sum(f.manifest.data_size for f in cs.reference)
+            if len(ranks) == m0.world_size:
                 state = "committed"
             else:
                 state = f"committed on {len(ranks)} of {m0.world_size} ranks here"
+            if cs.stale:
+                state += (f"; MIXED: rank(s) {sorted(f.rank for f in cs.stale)[:8]} of another checkpoint "
+                          "in its directories")
             if bad:
                 state += f"; {len(bad)} unreadable manifest(s)"
-            if step in pending:
-                state += f"; uncommitted data of rank(s) {sorted(pending[step])[:8]}"
-            print(f"{step:>10}  {m0.level:<8} {m0.name:<16} {len(ranks):>4}/{m0.world_size:<4}  "
-                  f"{_size(nbytes):>10}  {when:<19}  {state}")
+            if cs.pending:
+                state += f"; uncommitted data of rank(s) {cs.pending[:8]}"
+            text = (f"{cs.step:>10}  {m0.level:<8} {m0.epoch:>5}  {'cache':<5}  {m0.name:<16} "
+                    f"{len(ranks):>4}/{m0.world_size:<4}  {_size(nbytes):>10}  {_when(m0.created):<19}  {state}")
+            key = (cs.job, m0.epoch, cs.step, 0)
         else:
-            state = "uncommitted (no manifest)" if not bad else f"{len(bad)} unreadable manifest(s)"
-            print(f"{step:>10}  {'-':<8} {'-':<16} {'-':>9}  {'-':>10}  {'-':<19}  {state}")
+            state = f"{len(bad)} unreadable manifest(s)" if bad else "uncommitted (no manifest)"
+            text = (f"{cs.step:>10}  {'-':<8} {'-':>5}  {'cache':<5}  {cs.job:<16} {'-':>9}  {'-':>10}  "
+                    f"{'-':<19}  {state}")
+            key = (cs.job, 0, cs.step, 0)
+        rows.append((key, text))
+    for p in cat.pfs:
+        ix = p.index
+        if ix is None:
+            state = ("being written, or abandoned by a crash (" + os.path.basename(p.path) + ")" if p.tmp
+                     else "uncommitted (no COMMITTED.json)" if not p.committed else f"unreadable index: {p.error}")
+            text = (f"{p.step:>10}  {'pfs':<8} {'-':>5}  {'pfs':<5}  {p.job:<16} {'-':>9}  {'-':>10}  "
+                    f"{'-':<19}  {state}")
+            rows.append(((p.job, 0, p.step, 1), text))
+            continue
+        problems = catalog.pfs_file_problems(p)
+        bad_files = {w.split(" ", 1)[0] for w in problems}
+        ranks = sum(1 for r in range(ix.world_size) if f"node_{ix.node_of[r]:06d}.h5" not in bad_files)
+        state = "committed" + (f"; {'; '.join(problems[:4])}" if problems else "")
+        text = (f"{p.step:>10}  {'pfs':<8} {ix.epoch:>5}  {'pfs':<5}  {ix.name:<16} {ranks:>4}/{ix.world_size:<4}  "
+                f"{_size(sum(ix.files.values())):>10}  {_when(ix.created):<19}  {state}")
+        rows.append(((p.job, ix.epoch, p.step, 1), text))
+    newest = collections.defaultdict(int)       # a row without a known epoch sorts with its job's newest
+    for key, _ in rows:
+        newest[key[0]] = max(newest[key[0]], key[1] or 0)
+    return sorted(((job, epoch or newest[job], step, where), text) for (job, epoch, step, where), text in rows)
+
+
+def cmd_list(args):
+    cat = catalog.scan(args.dir)
+    _warn_problems(cat, "list")
+    rows = _list_rows(cat)
+    if not rows:
+        print(f"no checkpoints under {args.dir}")
+        return 0
+    print(f"{'step':>10}  {'level':<8} {'epoch':>5}  {'in':<5}  {'job':<16} {'ranks':>9}  {'bytes':>10}  "
+          f"{'written':<19}  state")
+    for _, text in rows:
+        print(text)
+    epochs = collections.defaultdict(set)
+    for key, _ in rows:
+        if key[1]:
+            epochs[key[0]].add(key[1])     # (rows of unknown epoch were given their job's newest)
+    for job, es in sorted(epochs.items()):
+        if len(es) > 1:
+            print(f"job {job!r}: checkpoints of epochs {', '.join(map(str, sorted(es)))}; restart() considers only "
+                  f"the newest epoch ({max(es)})")
     return 0
 
 
 def cmd_verify(args):
-    found = [f for f in catalog.find(args.dir) if args.step is None or f.step == args.step]
-    if not found:
+    cat = catalog.scan(args.dir)
+    if args.step is not None:
+        cat = cat.only_step(args.step)
+    if cat.empty():
         what = f"step {args.step}" if args.step is not None else "checkpoints"
         print(f"hpcckpt verify: no {what} under {args.dir}", file=sys.stderr)
         return 2
-    damaged = 0
-    for f in found:
-        problem = catalog.verify(f)
-        if problem:
-            damaged += 1
-            print(f"DAMAGED {f.label}: {problem}")
-        elif args.verbose:
-            print(f"ok      {f.label}: {f.data_path}")
-    print(f"{len(found) - damaged} of {len(found)} files intact" + (f", {damaged} DAMAGED" if damaged else ""))
-    return 1 if damaged else 0
-
-
-def cmd_inspect(args):
-    found = [f for f in catalog.find(args.dir) if f.step == args.step and f.kind == "rank"]
-    if not found:
-        print(f"hpcckpt inspect: no step {args.step} under {args.dir}", file=sys.stderr)
+    findings, counts = catalog.check(cat, partial=args.partial, verbose=args.verbose)
+    for f in findings:
+        print(f)
+    parts = []
+    if counts["files"]:
+        parts.append(f"cache: {counts['intact']} of {counts['files']} files intact")
+    if counts["pfs"]:
+        parts.append(f"pfs: {counts['pfs_intact']} of {counts['pfs']} steps intact")
+    if counts["missing"]:
+        parts.append(f"{counts['missing']} rank part(s) MISSING")
+    if counts["damaged"]:
+        parts.append(f"{counts['damaged']} DAMAGED")
+    if not parts:         # only notes: data that never committed, pfs steps being written
+        print(f"hpcckpt verify: no committed checkpoint under {args.dir}", file=sys.stderr)
         return 2
-    good = [f for f in found if not f.error]
-    for f in found:
+    print("; ".join(parts))
+    return 1 if counts["damaged"] or counts["missing"] else 0
+
+
+def _state_rows(docs):
+    """{key: (layout, value description, [ranks])} from {rank: state document}."""
+    keys = {}
+    for rank, doc in sorted(docs.items()):
+        for key, enc in doc["items"].items():
+            layout = doc["layouts"].get(key, {}).get("kind", "rank")
+            row = keys.setdefault(key, [layout, catalog.describe_value(enc), []])
+            row[2].append(rank)
+    return keys
+
+
+def _inspect_cache(cs, step):
+    """Print one cache step of one job; return True when damage was seen."""
+    damaged = False
+    for f in cs.ranks:
         if f.error:
+            damaged = True
             print(f"rank {f.rank}: unreadable manifest: {f.error}")
-    if not good:
-        return 1
-    m0 = good[0].manifest
-    print(f"job {m0.name!r}, step {m0.step}, level {m0.level}, written by {m0.world_size} ranks; "
-          f"{len(good)} rank manifest(s) here")
-    print(f"{'rank':>5} {'node':>5}  {'array':<20} {'dtype':<6} {'shape':<20} {'bytes':>10}  global layout")
+    if not cs.reference:
+        return True
+    m0 = cs.manifest
+    good = cs.reference
+    print(f"job {m0.name!r}, step {m0.step}, epoch {m0.epoch}, level {m0.level} (cache), written by "
+          f"{m0.world_size} ranks; {len(good)} rank manifest(s) here")
+    if cs.stale:
+        damaged = True
+        print(f"rank(s) {sorted(f.rank for f in cs.stale)}: manifests of another checkpoint in its directories "
+              "(not shown)")
+    print(f"{'rank':>5} {'node':>5}  {'array':<20} {'dtype':<6} {'layout':<11} {'shape':<20} {'bytes':>10}  "
+          "global layout")
     for f in good:
         for a in f.manifest.arrays:
             layout = f"{tuple(a.global_shape)} at {tuple(a.global_offset)}" if a.global_shape is not None else "-"
-            print(f"{f.rank:>5} {f.manifest.node:>5}  {a.name:<20} {a.dtype:<6} {str(tuple(a.shape)):<20} "
-                  f"{a.nbytes:>10}  {layout}")
-    return 0
+            print(f"{f.rank:>5} {f.manifest.node:>5}  {a.name:<20} {a.dtype:<6} {a.layout:<11} "
+                  f"{str(tuple(a.shape)):<20} {a.nbytes:>10}  {layout}")
+    docs = {}
+    for f in good:
+        try:
+            doc = catalog.state_document(f)
+        except HpcCkptError as e:
+            damaged = True
+            print(f"rank {f.rank}: state document unreadable: {e}")
+            continue
+        if doc is not None:
+            docs[f.rank] = doc
+    if docs:
+        everyone = sorted(docs)
+        print(f"state dict keys (the state documents of {len(docs)} rank(s)):")
+        print(f"  {'key':<20} {'layout':<11} {'value':<24} ranks")
+        for key, (layout, value, ranks) in _state_rows(docs).items():
+            who = "all" if ranks == everyone and len(everyone) == m0.world_size else _ranks(ranks)
+            print(f"  {key:<20} {layout:<11} {value:<24} {who}")
+    return damaged
+
+
+def _ranks(ranks):
+    """'0-3, 5' for a sorted list of ranks."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def _inspect_pfs(p):
+    """Print one pfs step; return True when damage was seen."""
+    ix = p.index
+    if ix is None:
+        print(f"pfs step {p.step} ({p.path}): {p.error}")
+        return p.committed and not p.tmp
+    nnodes = len(ix.files)
+    print(f"job {ix.name!r}, step {ix.step}, epoch {ix.epoch}, level pfs ({p.path}), written by {ix.world_size} "
+          f"ranks on {nnodes} node(s); {_size(sum(ix.files.values()))} in {nnodes} node file(s)")
+    problems = catalog.pfs_file_problems(p)
+    for w in problems:
+        print(f"  {w}")
+    print(f"{'array':<20} {'dtype':<6} {'layout':<11} shape")
+    for e in ix.arrays:
+        if e.global_shape is not None:
+            shape = f"{e.global_shape} global, in {len(e.holders())} block(s)"
+        else:
+            by_shape = collections.defaultdict(list)
+            for r in e.holders():
+                by_shape[e.blocks[r].shape].append(r)
+            shapes = [f"{s} on rank{'s' if len(rs) > 1 else ''} {_ranks(rs)}" for s, rs in by_shape.items()]
+            shape = "; ".join(shapes[:8]) + (f"; … ({len(shapes)} shapes)" if len(shapes) > 8 else "")
+        print(f"{e.name:<20} {e.dtype:<6} {e.layout:<11} {shape}")
+    if ix.state_keys:
+        print("state dict keys: " + ", ".join(f"{k} ({v})" for k, v in ix.state_keys.items()))
+    return bool(problems)
+
+
+def cmd_inspect(args):
+    cat = catalog.scan(args.dir).only_step(args.step)
+    _warn_problems(cat, "inspect")
+    steps = [cs for cs in catalog.cache_steps(cat) if cs.ranks]
+    pfs = [p for p in cat.pfs if not p.tmp]
+    if not steps and not pfs:
+        print(f"hpcckpt inspect: no step {args.step} under {args.dir}", file=sys.stderr)
+        return 2
+    damaged = bool(cat.problems)
+    first = True
+    for cs in steps:
+        if not first:
+            print()
+        first = False
+        damaged |= _inspect_cache(cs, args.step)
+    for p in pfs:
+        if not first:
+            print()
+        first = False
+        damaged |= _inspect_pfs(p)
+    return 1 if damaged else 0
 
 
 def cmd_demo(args):
@@ -99,23 +248,36 @@ def cmd_demo(args):
     return demo.run_demo(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (exit 2), not a usage block and a line."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+CATALOG_COMMANDS = ("list", "verify", "inspect")
+
+
 def build_parser():
-    parser = argparse.ArgumentParser(prog="hpcckpt", description="Multilevel checkpointing for MPI + NumPy applications.")
+    parser = _Parser(prog="hpcckpt", description="Multilevel checkpointing for MPI + NumPy applications.")
     parser.add_argument("--version", action="version", version=f"hpcckpt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("list", help="list the checkpoints under a directory")
-    p.add_argument("dir", help="a cache directory (or any directory above checkpoints)")
+    p = sub.add_parser("list", help="list the checkpoints (cache and pfs) under a directory")
+    p.add_argument("dir", help="a cache or pfs directory, or any directory above them")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("verify", help="re-check every checksum; exit 1 naming any damaged file")
-    p.add_argument("dir")
+    p = sub.add_parser("verify", help="re-check every checksum, cache and pfs; exit 1 naming each damaged or "
+                                      "missing part")
+    p.add_argument("dir", help="a cache or pfs directory, or any directory above them (every node's cache)")
     p.add_argument("--step", type=int, default=None, help="only this step")
+    p.add_argument("--partial", action="store_true",
+                   help="DIR holds only some ranks (one node's cache): do not require every rank")
     p.add_argument("-v", "--verbose", action="store_true", help="also list intact files")
     p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("inspect", help="arrays, shapes, dtypes and ranks of one step")
-    p.add_argument("dir")
+    p = sub.add_parser("inspect", help="arrays, shapes, dtypes, layouts, ranks and state keys of one step")
+    p.add_argument("dir", help="a cache or pfs directory, or any directory above them")
     p.add_argument("step", type=int)
     p.set_defaults(func=cmd_inspect)
 
@@ -141,8 +303,20 @@ def main(argv=None):
     except HpcCkptError as e:
         print(f"hpcckpt {args.command}: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if isinstance(e, BrokenPipeError):          # `hpcckpt list DIR | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+        where = f"{e.filename}: " if e.filename is not None else ""
+        print(f"hpcckpt {args.command}: {where}{catalog.why(e)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as e:   # noqa: BLE001 - list/verify/inspect read whatever is on disk: one line, never a traceback
+        if args.command not in CATALOG_COMMANDS:
+            raise
+        print(f"hpcckpt {args.command}: unexpected error ({type(e).__name__}: {e})", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
