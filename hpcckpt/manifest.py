@@ -191,14 +191,7 @@ def _parse_array(a, where, version=VERSION):
     if not isinstance(name, str) or not ARRAY_NAME_RE.match(name):
         raise bad(f"bad array name {name!r}")
     dtype_text = a.get("dtype")
-    if not isinstance(dtype_text, str) or len(dtype_text) > 16:
-        raise bad(f"bad dtype {dtype_text!r}")
-    try:
-        dtype = np.dtype(dtype_text)
-    except (TypeError, ValueError):
-        raise bad(f"bad dtype {dtype_text!r}") from None
-    if dtype.str != dtype_text or dtype.kind not in ALLOWED_DTYPE_KINDS or dtype.fields is not None:
-        raise bad(f"dtype {dtype_text!r} is not allowed")
+    dtype = parse_dtype(dtype_text, bad)
     shape = _int_tuple(a.get("shape"), bad, "shape")
     count = 1
     for n in shape:
@@ -222,6 +215,20 @@ def _parse_array(a, where, version=VERSION):
     if layout not in LAYOUTS or (layout == "block") != (gshape is not None) or (layout == "rows" and not shape):
         raise bad(f"bad layout {layout!r}")
     return ArrayEntry(name, dtype_text, shape, offset, nbytes, checksum, gshape, goffset, layout)
+
+
+def parse_dtype(dtype_text, bad):
+    """The NumPy dtype of a dtype string read from a file; ``bad(msg)`` makes the error to raise
+    unless it is the canonical string of an allowed plain dtype."""
+    if not isinstance(dtype_text, str) or len(dtype_text) > 16:
+        raise bad(f"bad dtype {dtype_text!r}")
+    try:
+        dtype = np.dtype(dtype_text)
+    except (TypeError, ValueError):
+        raise bad(f"bad dtype {dtype_text!r}") from None
+    if dtype.str != dtype_text or dtype.kind not in ALLOWED_DTYPE_KINDS or dtype.fields is not None:
+        raise bad(f"dtype {dtype_text!r} is not allowed")
+    return dtype
 
 
 def check_global_layout(shape, global_shape, offset, make_error):

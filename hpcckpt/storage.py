@@ -52,7 +52,16 @@ def safe_join(root, *parts):
 
 def fsync_dir(path):
     """Make a rename in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    _fsync_path(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def fsync_file(path):
+    """Make a file's data durable (a file written by another library, such as h5py)."""
+    _fsync_path(path, os.O_RDONLY | os.O_NOFOLLOW)
+
+
+def _fsync_path(path, flags):
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:

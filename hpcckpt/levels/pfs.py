@@ -264,7 +264,7 @@ class PfsStore:
         failed = self.node_comm.allreduce(error is not None)
         if self.is_aggregator and not failed:
             try:
-                files.fsync_file(path)
+                storage.fsync_file(path)
             except OSError as e:
                 error = e
         if error is not None:

@@ -105,15 +105,7 @@ def write_master(path, index, file_mode):
             obj.attrs["block_shapes"] = np.asarray([b.shape for b in e.blocks], np.int64).reshape(
                 index.world_size, len(e.global_shape))
             obj.attrs["block_checksums"] = [b.checksum for b in e.blocks]
-    fsync_file(path)
-
-
-def fsync_file(path):
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    storage.fsync_file(path)
 
 
 # ---------------------------------------------------------------------- checking

@@ -171,14 +171,7 @@ def _parse_entry(a, size, version, bad):
     if not isinstance(name, str) or not mf.ARRAY_NAME_RE.match(name) or lay.RANK_GROUP_RE.match(name):
         raise bad(f"bad array name {name!r}")
     dtype_text = a.get("dtype")
-    if not isinstance(dtype_text, str) or len(dtype_text) > 16:
-        raise bad(f"bad dtype {dtype_text!r}")
-    try:
-        dtype = np.dtype(dtype_text)
-    except (TypeError, ValueError):
-        raise bad(f"bad dtype {dtype_text!r}") from None
-    if dtype.str != dtype_text or dtype.kind not in mf.ALLOWED_DTYPE_KINDS or dtype.fields is not None:
-        raise bad(f"dtype {dtype_text!r} is not allowed")
+    dtype = mf.parse_dtype(dtype_text, bad)
     gshape = a.get("global_shape")
     if gshape is not None:
         gshape = _shape(gshape, bad, "global_shape")
