@@ -86,7 +86,8 @@ def test_two_jobs_of_the_same_name_are_refused(shm_dir):
     with open(script, "w") as f:
         f.write("import sys, time\nfrom mpi4py import MPI\nimport hpcckpt\n"
                 f"c = hpcckpt.Checkpointer(MPI.COMM_WORLD, name='app', cache_dir={os.path.join(shm_dir, 'node{node}')!r}, "
-                "ranks_per_node=1)\nprint('HOLDING', flush=True)\ntime.sleep(60)\n")
+                "ranks_per_node=1)\nMPI.COMM_WORLD.Barrier()\nif MPI.COMM_WORLD.rank == 0: print('HOLDING', flush=True)\n"
+                "time.sleep(60)\n")
     holder = subprocess.Popen([mpiexec_path(), "-n", "2", sys.executable, script], stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:

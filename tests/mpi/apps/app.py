@@ -63,71 +63,74 @@ except hpcckpt.HpcCkptError as e:
     say(f"ERROR {type(e).__name__} rank={rank} {e}")
     raise SystemExit(3)
 
-with ckpt:
-    u = np.arange(n, dtype=np.float64) * (rank + 1)
-    grid = np.full((3, 5 + rank % 2 if a.uneven else 5), rank, dtype=np.int32)
-    it = np.zeros((), np.int64)
-    ckpt.protect("u", u)
-    ckpt.protect("grid", grid)
-    ckpt.protect("it", it)
-    if rank == a.extra_array_on_rank:
-        ckpt.protect("extra", np.zeros(3))
-    initial = [x.copy() for x in (u, grid, it)]
-    start = None
-    if not a.no_restart:
-        if a.expect_error:
-            try:
-                ckpt.restart()
-            except hpcckpt.HpcCkptError as e:
-                say(f"ERROR {type(e).__name__} rank={rank} {e}")
-                raise SystemExit(3)
-            raise SystemExit(4)
-        start = ckpt.restart()
-    if rank == 0:
-        say(f"RESTART {start}")
-    if start is not None:
-        assert int(it) == start, (int(it), start)
-    else:
-        assert all(np.array_equal(x, y) for x, y in zip(initial, (u, grid, it))), "restart() touched the arrays"
-    for step in range(0 if start is None else start + 1, a.steps):
-        u *= 1.0001
-        u += np.sin(u[: 1]) + step
-        grid += step % 7 + rank
-        it[...] = step
-        if step == a.crash_at and rank == a.crash_rank:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if step == a.signal_at and rank == min(1, comm.size - 1):
-            os.kill(os.getpid(), signal.SIGUSR1)
-        if a.policy_loop:
-            level = ckpt.need_checkpoint(step)
-            if level:
-                info = ckpt.checkpoint(step, level=level)
+try:  # an error hpcckpt raised on every rank leaves the block on every rank (no abort)
+    with ckpt:
+        u = np.arange(n, dtype=np.float64) * (rank + 1)
+        grid = np.full((3, 5 + rank % 2 if a.uneven else 5), rank, dtype=np.int32)
+        it = np.zeros((), np.int64)
+        ckpt.protect("u", u)
+        ckpt.protect("grid", grid)
+        ckpt.protect("it", it)
+        if rank == a.extra_array_on_rank:
+            ckpt.protect("extra", np.zeros(3))
+        initial = [x.copy() for x in (u, grid, it)]
+        start = None
+        if not a.no_restart:
+            if a.expect_error:
+                try:
+                    ckpt.restart()
+                except hpcckpt.HpcCkptError as e:
+                    say(f"ERROR {type(e).__name__} rank={rank} {e}")
+                    raise  # agreed: every rank leaves the block with it
+                raise SystemExit(4)
+            start = ckpt.restart()
+        if rank == 0:
+            say(f"RESTART {start}")
+        if start is not None:
+            assert int(it) == start, (int(it), start)
+        else:
+            assert all(np.array_equal(x, y) for x, y in zip(initial, (u, grid, it))), "restart() touched the arrays"
+        for step in range(0 if start is None else start + 1, a.steps):
+            u *= 1.0001
+            u += np.sin(u[: 1]) + step
+            grid += step % 7 + rank
+            it[...] = step
+            if step == a.crash_at and rank == a.crash_rank:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if step == a.signal_at and rank == min(1, comm.size - 1):
+                os.kill(os.getpid(), signal.SIGUSR1)
+            if a.policy_loop:
+                level = ckpt.need_checkpoint(step)
+                if level:
+                    info = ckpt.checkpoint(step, level=level)
+                    if rank == 0:
+                        say(f"CKPT {info.step} {info.level} {info.bytes}")
+                if ckpt.should_exit():
+                    if rank == 0:
+                        say(f"STOPPED {step}")
+                    break
+                continue
+            if (step + 1) % a.every == 0:
+                try:
+                    info = ckpt.checkpoint(step, level=a.level)
+                except hpcckpt.HpcCkptError as e:
+                    if not a.tolerate_write_errors:
+                        say(f"ERROR {type(e).__name__} rank={rank} {e}")
+                        raise  # agreed: every rank leaves the block with it
+                    say(f"CKPTFAIL {step} {type(e).__name__} rank={rank} {e}")
+                    continue
                 if rank == 0:
                     say(f"CKPT {info.step} {info.level} {info.bytes}")
-            if ckpt.should_exit():
-                if rank == 0:
-                    say(f"STOPPED {step}")
-                break
-            continue
-        if (step + 1) % a.every == 0:
-            try:
-                info = ckpt.checkpoint(step, level=a.level)
-            except hpcckpt.HpcCkptError as e:
-                if not a.tolerate_write_errors:
-                    say(f"ERROR {type(e).__name__} rank={rank} {e}")
-                    raise SystemExit(3)
-                say(f"CKPTFAIL {step} {type(e).__name__} rank={rank} {e}")
-                continue
+        if a.scavenge:
+            copied = ckpt.scavenge()
             if rank == 0:
-                say(f"CKPT {info.step} {info.level} {info.bytes}")
-    if a.scavenge:
-        copied = ckpt.scavenge()
-        if rank == 0:
-            say(f"SCAVENGED {copied}")
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        for name, arr in (("u", u), ("grid", grid), ("it", it)):
-            np.save(os.path.join(a.out, f"rank_{rank}_{name}.npy"), arr)
+                say(f"SCAVENGED {copied}")
+        if a.out:
+            os.makedirs(a.out, exist_ok=True)
+            for name, arr in (("u", u), ("grid", grid), ("it", it)):
+                np.save(os.path.join(a.out, f"rank_{rank}_{name}.npy"), arr)
+except hpcckpt.HpcCkptError:
+    raise SystemExit(3)
 comm.Barrier()
 if rank == 0:
     print("DONE", flush=True)

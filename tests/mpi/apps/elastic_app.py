@@ -31,30 +31,33 @@ row0 = sum(rows[:rank])
 cfg = dict(name="elastic", cache_dir=a.cache, pfs_dir=os.path.join(os.path.dirname(a.cache), "pfs"),
            ranks_per_node=2)
 cfg.update(json.loads(a.config_json))
-with hpcckpt.Checkpointer(comm, **cfg) as ckpt:
-    field = (np.arange(rows[rank] * NY, dtype=np.float64).reshape(rows[rank], NY) + row0 * NY) / 7.0
-    clock = np.zeros(1 if rank == 0 else 0, np.int64)
-    ckpt.protect("field", field, global_shape=(NX, NY), offset=(row0, 0))
-    ckpt.protect("clock", clock, global_shape=(1,), offset=(0 if rank == 0 else 1,))
-    try:
-        start = ckpt.restart()
-    except hpcckpt.HpcCkptError as e:
-        os.write(1, f"ERROR {type(e).__name__} rank={rank} {e}\n".encode())
-        raise SystemExit(3)
-    if rank == 0:
-        os.write(1, f"RESTART {start}\n".encode())
-    start_clock = comm.bcast(int(clock[0]) if rank == 0 else None)
-    if start is not None:
-        assert start_clock == start, (start_clock, start)
-    for step in range(0 if start is None else start + 1, a.steps):
-        field *= 1.01
-        field += np.cos(field) + step
+try:  # an error hpcckpt raised on every rank leaves the block on every rank (no abort)
+    with hpcckpt.Checkpointer(comm, **cfg) as ckpt:
+        field = (np.arange(rows[rank] * NY, dtype=np.float64).reshape(rows[rank], NY) + row0 * NY) / 7.0
+        clock = np.zeros(1 if rank == 0 else 0, np.int64)
+        ckpt.protect("field", field, global_shape=(NX, NY), offset=(row0, 0))
+        ckpt.protect("clock", clock, global_shape=(1,), offset=(0 if rank == 0 else 1,))
+        try:
+            start = ckpt.restart()
+        except hpcckpt.HpcCkptError as e:
+            os.write(1, f"ERROR {type(e).__name__} rank={rank} {e}\n".encode())
+            raise  # agreed: every rank leaves the block with it
         if rank == 0:
-            clock[0] = step
-        if step == a.crash_at and rank == size - 1:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if (step + 1) % a.every == 0:
-            ckpt.checkpoint(step, level="pfs")
+            os.write(1, f"RESTART {start}\n".encode())
+        start_clock = comm.bcast(int(clock[0]) if rank == 0 else None)
+        if start is not None:
+            assert start_clock == start, (start_clock, start)
+        for step in range(0 if start is None else start + 1, a.steps):
+            field *= 1.01
+            field += np.cos(field) + step
+            if rank == 0:
+                clock[0] = step
+            if step == a.crash_at and rank == size - 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if (step + 1) % a.every == 0:
+                ckpt.checkpoint(step, level="pfs")
+except hpcckpt.HpcCkptError:
+    raise SystemExit(3)
 whole = comm.gather(field, root=0)
 if rank == 0:
     if a.out:

@@ -97,65 +97,68 @@ except hpcckpt.HpcCkptError as e:
     raise SystemExit(3)
 
 levels = a.levels.split(",") if a.levels else [a.level]
-with ckpt:
-    u = np.arange(a.n + rank * 37, dtype=np.float64) * (rank + 1)
-    grid = np.full((3, 5), rank, dtype=np.int32)
-    it = np.zeros((), np.int64)
-    ckpt.protect("u", u)
-    ckpt.protect("grid", grid)
-    ckpt.protect("it", it)
-    initial = [x.copy() for x in (u, grid, it)]
-    start = None
-    if not a.no_restart:
-        try:
-            start = ckpt.restart()
-        except hpcckpt.HpcCkptError as e:
-            say(f"ERROR {type(e).__name__} rank={rank} {e}")
-            raise SystemExit(3)
-    if rank == 0:
-        say(f"RESTART {start}")
-    if a.restored:
-        os.makedirs(a.restored, exist_ok=True)
-        np.savez(os.path.join(a.restored, f"rank_{rank}.npz"), u=u, grid=grid, it=it)
-    if start is None:
-        assert all(np.array_equal(x, y) for x, y in zip(initial, (u, grid, it))), "restart() touched the arrays"
-    if a.unfill_at_start:
-        unfill()
-    fill_step = int(a.fill.split(":")[1]) if a.fill else -1
-    count = 0
-    base_fds = None
-    for step in range(0 if start is None else start + 1, a.steps):
-        u *= 1.0001
-        u += np.sin(u[: 1]) + step
-        grid += step % 7 + rank
-        it[...] = step
-        if step == a.crash_at and rank == a.crash_rank:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if step == fill_step:
-            if rank == 0:
-                fill(a.fill.split(":")[0])
-            comm.Barrier()
-        if (step + 1) % a.every == 0:
-            level = levels[count % len(levels)]
-            count += 1
+try:  # an error hpcckpt raised on every rank leaves the block on every rank (no abort)
+    with ckpt:
+        u = np.arange(a.n + rank * 37, dtype=np.float64) * (rank + 1)
+        grid = np.full((3, 5), rank, dtype=np.int32)
+        it = np.zeros((), np.int64)
+        ckpt.protect("u", u)
+        ckpt.protect("grid", grid)
+        ckpt.protect("it", it)
+        initial = [x.copy() for x in (u, grid, it)]
+        start = None
+        if not a.no_restart:
             try:
-                info = ckpt.checkpoint(step, level=level)
+                start = ckpt.restart()
             except hpcckpt.HpcCkptError as e:
-                say(f"CKPTFAIL {step} {type(e).__name__} rank={rank} {e}")
-                if a.unfill_after_fail:
-                    unfill()
-                continue
-            if rank == 0:
-                say(f"CKPT {info.step} {info.level}")
-            if a.soak and count % a.soak == 0:
-                fds = len(os.listdir("/proc/self/fd"))
-                with open("/proc/self/status") as f:
-                    rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-                comm.Barrier()
+                say(f"ERROR {type(e).__name__} rank={rank} {e}")
+                raise  # agreed: every rank leaves the block with it
+        if rank == 0:
+            say(f"RESTART {start}")
+        if a.restored:
+            os.makedirs(a.restored, exist_ok=True)
+            np.savez(os.path.join(a.restored, f"rank_{rank}.npz"), u=u, grid=grid, it=it)
+        if start is None:
+            assert all(np.array_equal(x, y) for x, y in zip(initial, (u, grid, it))), "restart() touched the arrays"
+        if a.unfill_at_start:
+            unfill()
+        fill_step = int(a.fill.split(":")[1]) if a.fill else -1
+        count = 0
+        base_fds = None
+        for step in range(0 if start is None else start + 1, a.steps):
+            u *= 1.0001
+            u += np.sin(u[: 1]) + step
+            grid += step % 7 + rank
+            it[...] = step
+            if step == a.crash_at and rank == a.crash_rank:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if step == fill_step:
                 if rank == 0:
-                    say(f"SOAK {count} fds={fds} rss={rss} cache={tree_bytes(os.path.dirname(a.cache))} "
-                        f"pfs={tree_bytes(kwargs['pfs_dir'])} maxrss={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}")
-    ckpt.wait()
+                    fill(a.fill.split(":")[0])
+                comm.Barrier()
+            if (step + 1) % a.every == 0:
+                level = levels[count % len(levels)]
+                count += 1
+                try:
+                    info = ckpt.checkpoint(step, level=level)
+                except hpcckpt.HpcCkptError as e:
+                    say(f"CKPTFAIL {step} {type(e).__name__} rank={rank} {e}")
+                    if a.unfill_after_fail:
+                        unfill()
+                    continue
+                if rank == 0:
+                    say(f"CKPT {info.step} {info.level}")
+                if a.soak and count % a.soak == 0:
+                    fds = len(os.listdir("/proc/self/fd"))
+                    with open("/proc/self/status") as f:
+                        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+                    comm.Barrier()
+                    if rank == 0:
+                        say(f"SOAK {count} fds={fds} rss={rss} cache={tree_bytes(os.path.dirname(a.cache))} "
+                            f"pfs={tree_bytes(kwargs['pfs_dir'])} maxrss={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}")
+        ckpt.wait()
+except hpcckpt.HpcCkptError:
+    raise SystemExit(3)
 comm.Barrier()
 if rank == 0:
     say("DONE")
