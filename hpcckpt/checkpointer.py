@@ -752,12 +752,8 @@ class Checkpointer:
         missing = sorted(theirs - set(self._arrays)) if not has_state else []
         extra = sorted(set(self._arrays) - theirs)
         if missing or extra:
-            parts = []
-            if missing:
-                parts.append(f"the checkpoint has {missing} which are not protected")
-            if extra:
-                parts.append(f"protected {extra} are not in the checkpoint")
-            raise MismatchError(f"step {manifest.step}: " + " and ".join(parts))
+            raise st.key_mismatch(f"step {manifest.step}", missing and f"the checkpoint has {missing} which are not "
+                                  "protected", extra and f"protected {extra} are not in the checkpoint")
         for a in manifest.arrays:
             if a.name not in self._arrays:
                 continue
@@ -909,14 +905,13 @@ class Checkpointer:
         key = c.result[0]
         if not key:
             return None
-        store = self._pfs_store()
+        self._pfs_store()             # collective: created (and locked) on every rank
         with Collective(self._comm, "scavenge: listing pfs") as c:
             on_pfs = self._pfs_listing() if self.comm.rank == 0 else {}
             step = mf.split_key(key)[1]
             c.words = [1 if step in on_pfs and mf.order_key(on_pfs[step][0], step) >= key else 0]
         if c.result[0]:
             return None
-        del store
         found = ok.get(step)
         with Collective(self._comm, f"scavenge: verifying step {step}") as c:
             manifest = found.manifest if found is not None and found.key == key else None

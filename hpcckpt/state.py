@@ -335,12 +335,8 @@ def _plan_dict(target, items, shapes, reads, assign, prefix, where):
     missing = sorted(set(items) - set(target))
     extra = sorted(set(target) - set(items))
     if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"the checkpoint has {[prefix + k for k in missing]} which the state lacks")
-        if extra:
-            parts.append(f"the state has {[prefix + k for k in extra]} which the checkpoint lacks")
-        raise MismatchError(f"{where}: " + " and ".join(parts))
+        raise key_mismatch(where, missing and f"the checkpoint has {[prefix + k for k in missing]} which the state lacks",
+                           extra and f"the state has {[prefix + k for k in extra]} which the checkpoint lacks")
     for key, enc in items.items():
         current = target[key]
         if isinstance(enc, dict) and "$dict" in enc and isinstance(current, dict):
@@ -363,6 +359,12 @@ def _plan_dict(target, items, shapes, reads, assign, prefix, where):
             new_arrays[name] = np.empty(shape, np.dtype(dtype))
             reads.append((name, new_arrays[name]))
         assign.append(_deferred_setter(target, key, enc, new_arrays))
+
+
+def key_mismatch(where, *parts):
+    """The MismatchError for keys (or names) that one side has and the other lacks: ``parts``
+    are the sentences that apply (empty ones are left out)."""
+    return MismatchError(f"{where}: " + " and ".join(p for p in parts if p))
 
 
 def _setter(target, key, value):
