@@ -219,6 +219,8 @@ class Checkpointer:
             try:
                 self.wait()
             finally:
+                for level in self._levels.values():
+                    level.close()
                 if self._pfs is not None:
                     self._pfs.close()
                 self._release_locks()

@@ -1,5 +1,10 @@
 """Collective helpers: agree on success, gather per-rank errors, raise the same error everywhere.
 
+Two tools, used together: ``Collective`` (or ``agree``) around a collective step makes every rank
+raise the same error when any rank failed; ``Deferred`` inside a step keeps a rank in every round
+of an exchange after a local error (its own file unreadable, its disk full), so the others are
+never left waiting, and raises that error once the exchange is over.
+
 The rule (from PyTorch DCP's collectives wrapper): a rank never raises alone inside a collective
 call. It catches its exception, every rank learns who failed and why, and every rank raises.
 
@@ -133,6 +138,29 @@ class Collective(contextlib.AbstractContextManager):
                 return False            # KeyboardInterrupt, SystemExit: the others know; re-raise it here
             raise
         return True
+
+
+class Deferred:
+    """Local: keeps the first local error of a collective exchange; ``raise_if_any()`` at the end.
+
+    ``run(fn, *args)`` calls ``fn`` unless an error was already kept, and returns its result (None
+    after an error)."""
+
+    def __init__(self):
+        self.error = None
+
+    def run(self, fn, *args):
+        if self.error is not None:
+            return None
+        try:
+            return fn(*args)
+        except Exception as e:  # any local failure: reported after the collective part
+            self.error = e
+            return None
+
+    def raise_if_any(self):
+        if self.error is not None:
+            raise self.error
 
 
 def print_abort_notice(exc, rank):

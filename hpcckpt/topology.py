@@ -1,6 +1,7 @@
 """Nodes (failure domains) of an MPI communicator (collective to build, then local)."""
 import dataclasses
 
+import numpy as np
 from mpi4py import MPI
 
 
@@ -17,16 +18,21 @@ class Topology:
 
     @classmethod
     def build(cls, comm, ranks_per_node="auto"):
-        """Collective. ``auto``: MPI shared-memory split; an int n: node = rank // n."""
+        """Collective. ``auto``: MPI shared-memory split (a node is what MPI calls one), numbered
+        in order of each node's lowest rank; an int n: node = rank // n. ``auto`` sends one int
+        per rank (``Allgather`` of a NumPy buffer, once per Checkpointer): every rank keeps the
+        whole map, which partner holders and encoding groups are computed from."""
         if ranks_per_node == "auto":
             shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
             try:
-                leader = shared.bcast(comm.rank, root=0)
+                leader = np.array([comm.rank], dtype=np.int64)
+                shared.Bcast(leader, root=0)
             finally:
                 shared.Free()
-            leaders = comm.allgather(leader)
-            index = {w: i for i, w in enumerate(sorted(set(leaders)))}
-            node_of = tuple(index[w] for w in leaders)
+            leaders = np.empty(comm.size, dtype=np.int64)
+            comm.Allgather(leader, leaders)
+            _, index = np.unique(leaders, return_inverse=True)
+            node_of = tuple(int(i) for i in index)
         else:
             node_of = tuple(r // int(ranks_per_node) for r in range(comm.size))
         return cls(comm.rank, comm.size, node_of)

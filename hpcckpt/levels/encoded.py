@@ -23,7 +23,8 @@ from ..codecs.rs import rs_parity_matrix
 from ..errors import HpcCkptError
 from ..topology import encoding_groups
 from .combine import Buffers, gather_combine, map_range
-from .transfer import Deferred
+from ..comm import Deferred
+from .base import RedundancyLevel
 
 FORMAT = "hpcckpt-encoded"
 
@@ -38,7 +39,7 @@ def stripe_symbol_owner(group_len, s, p):
     return (s + p) % group_len
 
 
-class EncodedLevel:
+class EncodedLevel(RedundancyLevel):
     """The xor (parity=1) or rs (parity=rs_parity) level for this rank's group."""
 
     def __init__(self, cache, comm, topology, name, parity):
@@ -57,6 +58,12 @@ class EncodedLevel:
         if self._gcomm is None:
             self._gcomm = self.comm.Split(self.groups.index(self.group), self.group.index(self.comm.rank))
         return self._gcomm
+
+    def close(self):
+        """Local: free this group's communicator."""
+        if self._gcomm is not None:
+            self._gcomm.Free()
+            self._gcomm = None
 
     def _segment(self):
         return max(8, self.cache.cfg.io_chunk // 8 * 8)
@@ -149,7 +156,7 @@ class EncodedLevel:
         info, parity_ok = self._load_info(step, ckpt_id)
         summary = None if info is None else {k: info[k] for k in ("group", "parity", "piece", "sizes", "manifests")}
         views = self.comm.allgather((summary, parity_ok))
-        plan = _plan(views, data_ok)
+        plan = rebuild_plan(views, data_ok)   # failure path only: every rank's summary
         if plan is None:
             return False
         group_index = next((i for i, g in enumerate(plan) if me in g["group"]), None)
@@ -305,8 +312,11 @@ def _check_info(info, rank, step, ckpt_id, world_size, where):
     return info
 
 
-def _plan(views, data_ok):
-    """From every rank's (summary, parity_ok): the groups, or None if some loss is unrecoverable."""
+def rebuild_plan(views, data_ok):
+    """Local, pure: from every rank's ``(summary, parity_ok)`` (``summary``: the group, parity,
+    piece, sizes and manifests of its ``encoded.json``, or None when it has none), the groups
+    with ``losses`` set, or None when some loss is unrecoverable: a lost rank no survivor knows
+    of, inconsistent groups, or more lost symbols in a stripe than the group has parity."""
     groups, covered = [], {}
     for summary, _ in views:
         if summary is None:

@@ -9,10 +9,12 @@ import os
 from .. import faults, manifest as mf, storage
 from ..errors import HpcCkptError
 from ..topology import partner_holders
-from .transfer import Deferred, exchange_files
+from ..comm import Deferred
+from .base import RedundancyLevel
+from .transfer import exchange_files
 
 
-class PartnerLevel:
+class PartnerLevel(RedundancyLevel):
     name = "partner"
 
     def __init__(self, cache, comm, topology):
@@ -80,12 +82,8 @@ class PartnerLevel:
                 if name.startswith("partner_") and name.endswith(".json") and name[8:-5].isdigit():
                     candidates.append(int(name[8:-5]))
         mine = {src: m for src in candidates if src in lost and (m := self._usable_copy(step, src, ckpt_id))}
-        offers = self.comm.allgather(sorted(mine))
-        holder_of = {}
-        for rank, srcs in enumerate(offers):
-            for src in srcs:
-                holder_of.setdefault(src, rank)
-        if any(r not in holder_of for r in lost):
+        holder_of = rebuild_plan(self.comm.allgather(sorted(mine)), lost)   # failure path only
+        if holder_of is None:
             return False
         # 1. rebuild: each lost rank receives its copy from the rank that serves it
         deferred = Deferred()
@@ -118,6 +116,19 @@ class PartnerLevel:
             return mf.parse(storage.read_json(path), path)
         except HpcCkptError as e:
             raise ValueError(str(e)) from e
+
+
+def rebuild_plan(offers, lost):
+    """Local, pure: ``{lost rank: the rank that sends it its copy}`` from every rank's ``offers``
+    (``offers[r]``: the lost ranks whose verified copy rank r holds); the lowest offering rank
+    serves. None when some lost rank has no verified copy anywhere."""
+    holder_of = {}
+    for rank, srcs in enumerate(offers):
+        for src in srcs:
+            holder_of.setdefault(src, rank)
+    if any(r not in holder_of for r in lost):
+        return None
+    return {r: holder_of[r] for r in lost}
 
 
 def _parse_copy(doc, rank, step, ckpt_id, sender):

@@ -13,26 +13,6 @@ from .. import storage
 TAG_META, TAG_DATA = 7101, 7102
 
 
-class Deferred:
-    """Collects the first local error of a collective exchange; ``raise_if_any()`` at the end."""
-
-    def __init__(self):
-        self.error = None
-
-    def run(self, fn, *args):
-        if self.error is not None:
-            return None
-        try:
-            return fn(*args)
-        except Exception as e:  # any local failure: report it after the collective part
-            self.error = e
-            return None
-
-    def raise_if_any(self):
-        if self.error is not None:
-            raise self.error
-
-
 def read_range(fd, buf, offset):
     """pread into ``buf`` from ``offset``; zero what lies past the end of the file."""
     view = memoryview(buf)
