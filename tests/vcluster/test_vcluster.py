@@ -1,0 +1,132 @@
+"""hpcckpt on a virtual cluster: 4 nodes, each a set of Linux namespaces (jobs/vcluster) with its
+own hostname, network (MPI over TCP between nodes), /dev/shm and node-local tmpfs at the same path.
+
+The configuration is the one of a real cluster: ranks_per_node = "auto" (nodes found by MPI from
+the hostnames), one cache_dir string without {node} on the node-local tmpfs, pfs_dir on the host
+disk that every node shares. Losing a node is `jobs/vcluster kill` (its processes SIGKILLed, its
+tmpfs unmounted), then `jobs/vcluster boot` brings a fresh, empty node back under the same name.
+"""
+import glob
+import os
+import re
+
+import pytest
+
+import vc_harness as vh
+
+pytestmark = pytest.mark.vcluster
+STEPS, EVERY = 20, 5          # checkpoints at steps 4, 9, 14, 19; crash after step 12 -> restart from 9
+
+
+@pytest.fixture
+def config(tmp_path, request):
+    """A run.toml as on a cluster; a job name of its own per test (the node caches outlive a test)."""
+    def write(**extra):
+        name = "vc-" + re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)[:60].strip("-")
+        lines = [f'name = "{name}"', f'cache_dir = "{vh.LOCAL}/hpcckpt-{{user}}"', f'pfs_dir = "{tmp_path}/pfs"',
+                 'ranks_per_node = "auto"', "group_size = 4", "rs_parity = 2"]
+        lines += [f"{k} = {v!r}".replace("'", '"') for k, v in extra.items()]
+        path = tmp_path / "run.toml"
+        path.write_text("\n".join(lines) + "\n")
+        return str(path), name
+    return write
+
+
+def sim(cluster, nprocs, rpn, cfg, *args, nodes=None, ok=True):
+    res = cluster.mpirun(nprocs, "vc_app.py", "--config", cfg, "sim", "--steps", STEPS, "--every", EVERY, *args,
+                         rpn=rpn, nodes=nodes)
+    assert (res.returncode == 0) == ok, str(res)
+    return res
+
+
+def outputs(path):
+    return {os.path.basename(f): open(f, "rb").read() for f in sorted(glob.glob(os.path.join(path, "*.npy")))}
+
+
+def restart_step(res):
+    (value,) = res.lines("RESTART")
+    return None if value == "None" else int(value)
+
+
+@pytest.fixture(scope="module")
+def references(cluster, tmp_path_factory):
+    """Failure-free runs: (nprocs, elastic) -> {file: bytes}."""
+    refs = {}
+    for nprocs, rpn, elastic in ((4, 1, False), (8, 2, False), (4, 1, True)):
+        d = tmp_path_factory.mktemp(f"ref{nprocs}")
+        (d / "run.toml").write_text(f'name = "ref{nprocs}{"e" if elastic else ""}"\n'
+                                    f'cache_dir = "{vh.LOCAL}/ref"\npfs_dir = "{d}/pfs"\n')
+        sim(cluster, nprocs, rpn, str(d / "run.toml"), "--no-restart", "--out", d / "out",
+            *(["--elastic"] if elastic else []))
+        refs[nprocs, elastic] = outputs(d / "out")
+    return refs
+
+
+@pytest.mark.parametrize("rpn", [1, 2])
+def test_topology_is_found_from_the_hostnames(cluster, config, rpn):
+    cfg, name = config()
+    res = cluster.mpirun(4 * rpn, "vc_app.py", "--config", cfg, "topo", rpn=rpn)
+    assert res.returncode == 0, str(res)
+    seen = {}
+    for line in res.lines("TOPO"):
+        f = dict(kv.split("=", 1) for kv in line.split())
+        seen[int(f["rank"])] = f
+    assert sorted(seen) == list(range(4 * rpn)), str(res)
+    for r, f in seen.items():
+        assert f["host"] == f"n{r // rpn + 1}", str(res)            # the namespace's own hostname
+        assert int(f["node"]) == int(f["split"]) == r // rpn, str(res)
+        assert f["nodes"] == "4"
+        assert f["cache"] == f"{vh.LOCAL}/hpcckpt-root/{name}" and f["exists"] == "True", str(res)
+
+
+def test_each_node_sees_only_its_own_cache(cluster, config):
+    cfg, name = config()
+    sim(cluster, 4, 1, cfg, "--steps", 5, "--level", "local")
+    for i, node in enumerate(cluster.nodes):
+        res = cluster.exec(node, "sh", "-c", f"ls {vh.LOCAL}/hpcckpt-root/{name}/step_0000000004")
+        assert res.returncode == 0, str(res)
+        assert res.stdout.split() == [f"rank_{i:06d}.dat", f"rank_{i:06d}.json"], str(res)
+
+
+@pytest.mark.parametrize("level", ["partner", "xor", "rs"])
+@pytest.mark.parametrize("nprocs,rpn", [(4, 1), (8, 2)])
+def test_lost_node_is_rebuilt_bitwise(cluster, config, references, tmp_path, level, nprocs, rpn):
+    cfg, name = config()
+    sim(cluster, nprocs, rpn, cfg, "--level", level, "--crash-at", 12, "--crash-rank", nprocs - 1, ok=False)
+    cluster.kill("n2")
+    cluster.boot("n2")
+    left = cluster.exec("n2", "find", vh.LOCAL, "/dev/shm", "-mindepth", "1")
+    assert left.returncode == 0 and left.stdout == "", str(left)       # the fresh node is empty
+    res = sim(cluster, nprocs, rpn, cfg, "--level", level, "--out", tmp_path / "out")
+    assert restart_step(res) == 9, str(res)
+    lost = list(range(rpn, 2 * rpn))
+    assert f"rebuilt rank(s) {lost}" in res.stderr, str(res)
+    assert outputs(tmp_path / "out") == references[nprocs, False]
+
+
+def test_rs_survives_two_lost_nodes(cluster, config, references, tmp_path):
+    cfg, name = config()
+    sim(cluster, 4, 1, cfg, "--level", "rs", "--crash-at", 12, "--crash-rank", 3, ok=False)
+    for node in ("n1", "n3"):
+        cluster.kill(node)
+        cluster.boot(node)
+    res = sim(cluster, 4, 1, cfg, "--level", "rs", "--out", tmp_path / "out")
+    assert restart_step(res) == 9 and "rebuilt rank(s) [0, 2]" in res.stderr, str(res)
+    assert outputs(tmp_path / "out") == references[4, False]
+
+
+@pytest.mark.parametrize("before,rpn,after,nodes", [(4, 1, 2, ["n1", "n2"]), (8, 2, 3, ["n1", "n2", "n4"])])
+def test_pfs_restart_on_fewer_nodes(cluster, config, references, tmp_path, before, rpn, after, nodes):
+    cfg, name = config()
+    sim(cluster, before, rpn, cfg, "--elastic", "--level", "pfs", "--crash-at", 12, "--crash-rank", before - 1,
+        ok=False)
+    gone = [n for n in cluster.nodes if n not in nodes]
+    for node in gone:
+        cluster.kill(node)
+    try:
+        res = sim(cluster, after, 1, cfg, "--elastic", "--level", "pfs", "--out", tmp_path / "out", nodes=nodes)
+    finally:
+        for node in gone:
+            cluster.boot(node)
+    assert restart_step(res) == 9, str(res)
+    assert outputs(tmp_path / "out") == references[4, True]
