@@ -2,16 +2,19 @@
 a cold cache (NUMBA_CACHE_DIR pointed at an empty temporary directory: every kernel compiles)
 and a warm one (the same directory again: kernels load from the cache).
 
-    python benchmarks/bench_numba.py [--reps 3] [--quick] [--out FILE]
+    python benchmarks/bench_numba.py [--reps 3] [--job-mib 16] [--quick] [--out FILE]
 
 Each sample is a new ``python -c`` process timing, with 1 MiB blocks: ``import hpcckpt``,
 ``import hpcckpt.codecs`` (imports Numba), the first xor_into, rs_encode (4+2) and rs_decode
 (2 lost) calls, and the first Checkpointer-free checksum. The warm figures are what every
 restarted job pays; the cold ones what the first job on a new machine (or a read-only,
-uncached install) pays. --quick: warm only, one sample, after filling the project's cache
+uncached install) pays. Then what a job sees: the slowest rank's first and second rs
+checkpoint (4 ranks, one node each, --job-mib MiB per rank; it runs the local copy-and-checksum
+kernel and the GF(2^8) kernel) in a fresh job with a cold cache, and in a fresh job after
+``hpcckpt warmup`` filled the cache (its own time recorded too). --quick: warm only, one sample, after filling the project's cache
 (NUMBA_CACHE_DIR) with the same calls, in this process when its Numba caches there (in the
 suite that costs next to nothing: bench_codecs loaded the kernels already), else in a process
-of its own.
+of its own; no job.
 """
 import contextlib
 import io
@@ -21,10 +24,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import command, env_for_jobs, median, parser, say, write_json  # noqa: E402
+from common import command, env_for_jobs, median, parser, result_line, run_mpi, say, write_json  # noqa: E402
 
 PROBE = r"""
 import json, time
@@ -47,6 +51,53 @@ t0 = time.perf_counter(); C.rs_decode(surv, 4, 2, n); t["first_rs_decode"] = tim
 t0 = time.perf_counter(); C.xor_into(out, blocks); C.rs_encode(data, 2); t["second_calls"] = time.perf_counter() - t0
 print("RESULT " + json.dumps(t))
 """
+
+
+FIRST_CHECKPOINT = r"""
+import json, os, sys, tempfile, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from common import world
+comm = world()
+from mpi4py import MPI
+import hpcckpt
+root = sys.argv[2]
+t = {}
+with hpcckpt.Checkpointer(comm, name="numba", cache_dir=os.path.join(root, "node{node}"), pfs_dir=os.path.join(root, "pfs"),
+                          ranks_per_node=1, group_size=4, rs_parity=2, keep=1) as ckpt:
+    ckpt.protect("u", np.full((int(sys.argv[3]) << 20) // 8, comm.rank + 1.0))
+    for i in range(2):
+        comm.Barrier(); t0 = time.perf_counter()
+        ckpt.checkpoint(i, level="rs")
+        mine = np.array([time.perf_counter() - t0])
+        comm.Allreduce(mine.copy(), mine, op=MPI.MAX)
+        t["first" if i == 0 else "second"] = float(mine[0])
+if comm.rank == 0:
+    print("RESULT " + json.dumps(t), flush=True)
+"""
+
+
+def first_checkpoint(cache_dir, mib, nprocs=4):
+    """Slowest rank's first and second rs checkpoint of a fresh ``nprocs``-rank job (seconds)."""
+    env = env_for_jobs()
+    env["NUMBA_CACHE_DIR"] = cache_dir
+    root = tempfile.mkdtemp(prefix="hpcckpt-bench-numba-job-")
+    try:
+        out = run_mpi(nprocs, ["-c", FIRST_CHECKPOINT, os.path.dirname(os.path.abspath(__file__)), root, str(mib)],
+                      timeout=900, env=env)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return result_line(out)
+
+
+def hpcckpt_warmup(cache_dir):
+    """Seconds of ``hpcckpt warmup`` into ``cache_dir``."""
+    env = env_for_jobs()
+    env["NUMBA_CACHE_DIR"] = cache_dir
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "hpcckpt", "warmup"], env=env, check=True, timeout=900,
+                   capture_output=True, cwd=tempfile.gettempdir())
+    return time.perf_counter() - t0
 
 
 def probe(cache_dir):
@@ -72,6 +123,7 @@ def warm_here(cache_dir):
 def main(argv=None):
     p = parser(__doc__, "warm only, from the project's own cache (a cold compile takes 10-80 s here)", hidden=())
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--job-mib", type=int, default=16, help="MiB per rank of the first-checkpoint job")
     a = p.parse_args(argv)
     samples = {"cold": [], "warm": []}
     if a.quick:
@@ -88,6 +140,24 @@ def main(argv=None):
             samples["warm"].append(probe(d))
         finally:
             shutil.rmtree(d, ignore_errors=True)
+    jobs = {"cold": [], "after_warmup": [], "warmup_s": []}
+    for i in range(0 if a.quick else a.reps):
+        say(f"first checkpoint of a 4-rank rs job [{i + 1}/{a.reps}]: a cold cache, then after hpcckpt warmup")
+        d = tempfile.mkdtemp(prefix="hpcckpt-bench-numba-")
+        try:
+            jobs["cold"].append(first_checkpoint(d, a.job_mib))
+            shutil.rmtree(d)
+            jobs["warmup_s"].append(hpcckpt_warmup(d))
+            jobs["after_warmup"].append(first_checkpoint(d, a.job_mib))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    job_medians = {k: ({kk: median([x[kk] for x in v]) for kk in v[0]} if v and isinstance(v[0], dict)
+                       else median(v)) for k, v in jobs.items() if v}
+    for k in ("cold", "after_warmup"):
+        if k in job_medians:
+            say(f"  job, {k}: first checkpoint {job_medians[k]['first']:.2f} s, second {job_medians[k]['second']:.2f} s")
+    if "warmup_s" in job_medians:
+        say(f"  hpcckpt warmup (cold cache): {job_medians['warmup_s']:.1f} s")
     med = {kind: {k: median([s[k] for s in v]) for k in v[0]} for kind, v in samples.items()}
     for kind in med:
         m = med[kind]
@@ -97,7 +167,9 @@ def main(argv=None):
             f"first xor/rs-encode/rs-decode {m['first_xor']:.2f}/{m['first_rs_encode']:.2f}/{m['first_rs_decode']:.2f} s, "
             f"total {m['total']:.2f} s")
     path = write_json("numba", {"command": command("bench_numba.py", argv),
-                                "reps": a.reps, "medians": med, "samples": samples}, a.out)
+                                "reps": a.reps, "medians": med, "samples": samples,
+                                "job": {"ranks": 4, "level": "rs", "mib_per_rank": a.job_mib,
+                                        "medians": job_medians, "samples": jobs}}, a.out)
     say(f"wrote {path}")
     return path
 

@@ -286,10 +286,19 @@ def build_parser():
     add_arguments(p)
     p.set_defaults(func=cmd_demo)
 
+    p = sub.add_parser("warmup", help="compile every Numba kernel once into the Numba cache (once per "
+                                      "installation, on the compute nodes' CPU type)")
+    p.set_defaults(func=cmd_warmup)
+
     from . import cli_interval, cli_slurm
     cli_interval.add_subcommands(sub)
     cli_slurm.add_subcommands(sub)
     return parser
+
+
+def cmd_warmup(args):
+    from .warmup import cmd_warmup as run
+    return run(args)
 
 
 def main(argv=None):
