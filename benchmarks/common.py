@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 
-from hpcckpt import mpich_shm
+from hpcckpt import mpi_launch
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 MiB = 1 << 20
@@ -56,6 +56,11 @@ def machine():
             versions[mod] = getattr(m, "__version__", None) or getattr(m, "VERSION", None) or "installed"
         except Exception:
             versions[mod] = None
+    try:
+        m = mpi_launch.detect()
+        versions["mpi"] = f"{m.flavour.title} {m.version}".strip()
+    except mpi_launch.MPINotFoundError:
+        versions["mpi"] = None
     return {"cpu": cpu, "nproc": os.cpu_count(), "memory_bytes": mem, "python": platform.python_version(),
             "platform": platform.platform(), "versions": versions, "loadavg": list(os.getloadavg()),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -114,19 +119,12 @@ def scratch(tag):
 
 
 # ---------------------------------------------------------------------- mpiexec
-def mpiexec():
-    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return local if os.path.exists(local) else shutil.which("mpiexec")
-
-
-def _mpich_shm():
-    return mpich_shm.snapshot()
-
-
-def cleanup_mpich_shm(before):
-    """Remove the /dev/shm/mpich* files that appeared since ``before`` and no live process maps
-    or holds open (other jobs may be starting at the same time): hpcckpt.mpich_shm."""
-    mpich_shm.remove_leftovers(before)
+def mpi():
+    """The MPI of this Python (hpcckpt.mpi_launch: MPICH or Open MPI; command, env, cleanup)."""
+    try:
+        return mpi_launch.detect()
+    except mpi_launch.MPINotFoundError as e:
+        raise SystemExit(f"benchmarks: {e}") from None
 
 
 def env_for_jobs():
@@ -155,7 +153,7 @@ def world():
 def _run_job(cmd, timeout, env, startup):
     """One mpiexec job: (returncode, stdout, stderr), or None when its ranks did not all get past
     MPI_Init within ``startup`` seconds (the job is killed). Raises SystemExit on a timeout."""
-    before = _mpich_shm()
+    leftovers = mpi().snapshot()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     out, err, started = [], [], threading.Event()
@@ -178,11 +176,10 @@ def _run_job(cmd, timeout, env, startup):
         raise KeyboardInterrupt("terminated")
 
     def kill():
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        mpi_launch.kill_job(proc)          # the whole job: Open MPI's ranks are outside its process group
         for t in readers:
             t.join()
-        cleanup_mpich_shm(before)
+        leftovers.remove()
     old = signal.signal(signal.SIGTERM, stop) if threading.current_thread() is threading.main_thread() else None
     t0 = time.monotonic()
     try:
@@ -201,7 +198,9 @@ def _run_job(cmd, timeout, env, startup):
             signal.signal(signal.SIGTERM, old)
     for t in readers:
         t.join()
-    cleanup_mpich_shm(before)
+    if mpi_launch.job_processes(proc.pid):
+        mpi_launch.kill_job(proc)
+    leftovers.remove()
     return proc.returncode, "".join(out), "".join(err)
 
 
@@ -210,11 +209,12 @@ def run_mpi(nprocs, args, timeout=900, env=None):
     worker must call world(): a job whose ranks are not all past MPI_Init within STARTUP_S[i] is
     killed and started again. (MPI_Init hangs for good when another process deletes the job's
     /dev/shm/mpich_shm_* segment while it starts, as a clean-up of "new mpich files" run by a
-    concurrent job does.) On a timeout the whole process group is killed; MPICH shm files the job
+    concurrent job does.) On a timeout every process of the job is killed; the MPI's files the job
     left behind are removed."""
-    cmd = [mpiexec(), "-n", str(nprocs), sys.executable, *args]
+    m = mpi()
+    cmd = m.command(nprocs, [sys.executable, *args])
     for attempt, startup in enumerate(STARTUP_S, 1):
-        res = _run_job(cmd, timeout, env or env_for_jobs(), startup)
+        res = _run_job(cmd, timeout, m.env(env or env_for_jobs(), nprocs=nprocs), startup)
         if res is not None:
             break
         say(f"   MPI start-up hung (not every rank past MPI_Init in {startup} s); job killed"

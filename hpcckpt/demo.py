@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from . import mpich_shm
+from . import mpi_launch
 
 
 # ---------------------------------------------------------------------------- the application
@@ -100,28 +100,28 @@ def add_arguments(p):
     p.add_argument("--timeout", type=float, default=120, help="seconds allowed for each run")
 
 
-def _mpiexec():
-    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.path.exists(local):
-        return local
-    found = shutil.which("mpiexec")
-    if not found:
-        raise SystemExit("hpcckpt demo: mpiexec not found; install the embedded MPI with "
-                         "`pip install 'hpcckpt[mpich]'` or load your site's MPI")
-    return found
+def _mpi():
+    try:
+        return mpi_launch.detect()
+    except mpi_launch.MPINotFoundError as e:
+        raise SystemExit(f"hpcckpt demo: {e}") from None
 
 
 def _run(label, nranks, app_args, timeout):
-    cmd = [_mpiexec(), "-n", str(nranks), sys.executable, "-m", "hpcckpt.demo", *app_args]
+    mpi = _mpi()
+    cmd = mpi.command(nranks, [sys.executable, "-m", "hpcckpt.demo", *app_args])
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, stdin=subprocess.DEVNULL)
+                            start_new_session=True, stdin=subprocess.DEVNULL, env=mpi.env(nprocs=nranks))
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        mpi_launch.kill_job(proc)
         out, err = proc.communicate()
         raise SystemExit(f"hpcckpt demo: the {label} run did not finish in {timeout:.0f} s\n{err[-2000:]}")
+    finally:
+        if proc.poll() is None or mpi_launch.job_processes(proc.pid):
+            mpi_launch.kill_job(proc)       # ranks the launcher left behind
     seconds = time.perf_counter() - t0
     restart = [ln.split()[1] for ln in out.splitlines() if ln.startswith("RESTART ")]
     ckpts = [json.loads(ln[5:]) for ln in out.splitlines() if ln.startswith("CKPT ")]
@@ -135,7 +135,8 @@ def run_demo(args):
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     work = tempfile.mkdtemp(prefix="hpcckpt-demo-", dir=base) if own else os.path.abspath(args.workdir)
     os.makedirs(work, exist_ok=True)
-    shm_before = mpich_shm.snapshot()
+    mpi = _mpi()
+    leftovers = mpi.snapshot()
     try:
         common = ["--nx", str(args.nx), "--ny", str(args.ny), "--steps", str(args.steps)]
         cache = os.path.join(work, "cache", "node{node}")
@@ -143,12 +144,14 @@ def run_demo(args):
         reference = os.path.join(work, "reference.npy")
         mib = args.nx * args.ny * 8 / 2**20
         print(f"hpcckpt demo: 2-D heat equation, {args.nx}x{args.ny} float64 ({mib:.0f} MiB) on {args.ranks} ranks, "
-              f"{args.steps} steps, a checkpoint every {args.every} steps (node-local level, {work})")
+              f"{args.steps} steps, a checkpoint every {args.every} steps (node-local level, {work}; "
+              f"{mpi.flavour.title} {mpi.version})")
 
         rc, _, ckpts1, t1, _, _ = _run("crashing", args.ranks, common + [
             "--cache", cache, "--every", str(args.every), "--crash-at", str(args.crash_at), "--result", result],
             args.timeout)
-        print(f"1. run with a crash:  rank 1 killed after step {args.crash_at}; mpiexec exit status {rc}; "
+        print(f"1. run with a crash:  rank 1 killed after step {args.crash_at}; mpiexec exit status {rc}"
+              f"{' (a rank was killed)' if mpi.rank_killed(rc) else ''}; "
               f"{len(ckpts1)} checkpoints taken ({t1:.1f} s)")
         if rc == 0:
             print("   the crash did not happen (is --crash-at beyond --steps?)")
@@ -181,7 +184,7 @@ def run_demo(args):
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)
-        mpich_shm.remove_leftovers(shm_before)   # what the killed run left, never another job's
+        leftovers.remove()   # what the killed run left (MPI segments, session files), never another job's
 
 
 if __name__ == "__main__":

@@ -1,25 +1,60 @@
-"""Run real MPI jobs from pytest: ``mpiexec -n N python script.py`` under a timeout.
+"""Run real MPI jobs from pytest: ``mpiexec -n N python script.py`` under a timeout, with the MPI
+this Python uses (hpcckpt.mpi_launch: MPICH or Open MPI, its launcher's own environment).
 
-On timeout the whole process group is killed (no test can hang) and MPICH's /dev/shm leftovers
-created during the run, that no live process uses, are removed.
+On timeout every process of the job is killed (no test can hang; Open MPI's ranks sit outside
+the launcher's process group) and the MPI's leftovers created during the run, that no live
+process uses, are removed.
 """
 import dataclasses
 import os
-import shutil
-import signal
+import queue
 import subprocess
 import sys
+import threading
 
-from hpcckpt import mpich_shm
+from hpcckpt import mpi_launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 APPS = os.path.join(HERE, "apps")
 
 
+def mpi():
+    """The MPI of this Python (hpcckpt.mpi_launch.MPI: command, env, exit statuses, cleanup)."""
+    return mpi_launch.detect()
+
+
 def mpiexec_path():
-    """The mpiexec beside this Python (the mpich wheel in the venv), else the one on PATH."""
-    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return local if os.path.exists(local) else shutil.which("mpiexec")
+    """The launcher of the MPI this Python uses."""
+    return mpi().mpiexec
+
+
+def popen_mpi(nprocs, argv, env=None, **kw):
+    """Start ``argv`` on ``nprocs`` ranks in a session of its own (stop it with
+    mpi_launch.kill_job); ``env``: extra variables over os.environ."""
+    m = mpi()
+    full_env = m.env(nprocs=nprocs)
+    full_env.update({k: str(v) for k, v in (env or {}).items()})
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    kw.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.Popen(m.command(nprocs, argv), env=full_env, start_new_session=True, **kw)
+
+
+def readline(proc, timeout):
+    """The next line of ``proc``'s stdout (text mode), or "" at its end or after ``timeout`` s
+    (a reader thread per process: a select() on the pipe misses lines already buffered)."""
+    q = getattr(proc, "_lines", None)
+    if q is None:
+        q = proc._lines = queue.Queue()
+
+        def pump():
+            for line in proc.stdout:
+                q.put(line)
+            q.put("")
+        threading.Thread(target=pump, daemon=True).start()
+    try:
+        return q.get(timeout=timeout)
+    except queue.Empty:
+        return ""
 
 
 @dataclasses.dataclass
@@ -41,25 +76,19 @@ def run_mpi(nprocs, script, *args, env=None, timeout=240):
     """Run ``script`` (a path, or a file name in tests/mpi/apps) on ``nprocs`` ranks; return a Result."""
     if not os.path.isabs(script):
         script = os.path.join(APPS, script)
-    cmd = [mpiexec_path(), "-n", str(nprocs), sys.executable, script, *map(str, args)]
-    full_env = dict(os.environ)
-    full_env.update({k: str(v) for k, v in (env or {}).items()})
-    full_env.setdefault("PYTHONUNBUFFERED", "1")
-    before = mpich_shm.snapshot()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
-                            start_new_session=True, stdin=subprocess.DEVNULL)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        result = Result(proc.returncode, out, err)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        result = Result(proc.returncode, out, err, timed_out=True)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        # only our job's segments: removing one of a job starting meanwhile hangs its MPI_Init
-        mpich_shm.remove_leftovers(before)
-    assert not result.timed_out, f"mpiexec timed out after {timeout} s (process group killed):\n{result}"
+    m = mpi()
+    with m.cleanup():      # only our job's leftovers: removing one of a job starting meanwhile hangs its MPI_Init
+        proc = popen_mpi(nprocs, [sys.executable, script, *args], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            result = Result(proc.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            mpi_launch.kill_job(proc)
+            out, err = proc.communicate()
+            result = Result(proc.returncode, out, err, timed_out=True)
+        finally:
+            if proc.poll() is None or mpi_launch.job_processes(proc.pid):
+                mpi_launch.kill_job(proc)       # also ranks the launcher left behind
+    assert not result.timed_out, f"mpiexec timed out after {timeout} s (every process of the job killed):\n{result}"
     return result

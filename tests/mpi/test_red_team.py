@@ -7,14 +7,14 @@ import glob
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from harness import mpiexec_path, run_mpi
+from hpcckpt import mpi_launch
+from harness import mpi, popen_mpi, readline, run_mpi
 from reliability import check_restored
 
 pytestmark = pytest.mark.mpi
@@ -88,17 +88,16 @@ def test_two_jobs_of_the_same_name_are_refused(shm_dir):
                 f"c = hpcckpt.Checkpointer(MPI.COMM_WORLD, name='app', cache_dir={os.path.join(shm_dir, 'node{node}')!r}, "
                 "ranks_per_node=1)\nMPI.COMM_WORLD.Barrier()\nif MPI.COMM_WORLD.rank == 0: print('HOLDING', flush=True)\n"
                 "time.sleep(60)\n")
-    holder = subprocess.Popen([mpiexec_path(), "-n", "2", sys.executable, script], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    try:
-        assert holder.stdout.readline().strip() == "HOLDING"
-        res = job(shm_dir, 2, "--steps", 5)
-        errors = res.lines("ERROR")
-        assert res.returncode == 3 and len(errors) == 2 and all(
-            e.startswith("ConcurrentJobError") and "another job is using" in e for e in errors), str(res)
-    finally:
-        os.killpg(holder.pid, signal.SIGKILL)
-        holder.wait()
+    with mpi().cleanup():
+        holder = popen_mpi(2, [sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            assert readline(holder, TIMEOUT).strip() == "HOLDING"
+            res = job(shm_dir, 2, "--steps", 5)
+            errors = res.lines("ERROR")
+            assert res.returncode == 3 and len(errors) == 2 and all(
+                e.startswith("ConcurrentJobError") and "another job is using" in e for e in errors), str(res)
+        finally:
+            mpi_launch.kill_job(holder)
 
 
 def test_start_fresh_removes_the_earlier_runs_checkpoints_after_its_first(shm_dir, tmp_path):

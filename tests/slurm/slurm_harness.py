@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from hpcckpt import mpi_launch
 from hpcckpt.slurm import parse_scontrol
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -55,9 +56,15 @@ def slurm_cluster():
     return True
 
 
-def mpiexec_path():
-    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return local if os.path.exists(local) else shutil.which("mpiexec")
+def mpi():
+    """The MPI of this Python (hpcckpt.mpi_launch): its mpiexec runs inside the allocation too
+    (MPICH's hydra and Open MPI's prterun both start their daemons there with srun)."""
+    return mpi_launch.detect()
+
+
+def launch(nprocs):
+    """LAUNCH= for jobs/*.sbatch: this Python's ``mpiexec -n N``."""
+    return mpi().launch_prefix(nprocs)
 
 
 class Job:
@@ -115,12 +122,13 @@ class Job:
 @pytest.fixture
 def slurm_jobs(slurm_cluster, tmp_path):
     """submit(template, sbatch_args, **env) -> Job; every job still running at the end is cancelled,
-    and the node-local caches and MPICH /dev/shm leftovers made meanwhile are removed."""
+    and the node-local caches and the MPI's leftovers made meanwhile (that nobody uses) are removed."""
     submitted, caches = [], []
-    before = _shm_leftovers()
+    leftovers = mpi().snapshot()
 
     def submit(template, sbatch_args=(), **env_vars):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCCKPT_", "SLURM_", "CKPT_"))}
+        env = mpi().env(env)        # the launcher's own variables (Open MPI as root, ...) reach the job
         cache_base = os.path.join("/dev/shm", f"hpcckpt-slurmtest-{uuid.uuid4().hex[:10]}")
         caches.append(cache_base)
         env.update(PYTHON=sys.executable, CACHE_BASE=cache_base, PYTHONUNBUFFERED="1",
@@ -148,15 +156,4 @@ def slurm_jobs(slurm_cluster, tmp_path):
                 time.sleep(0.5)
     for path in caches:
         shutil.rmtree(path, ignore_errors=True)
-    for name in _shm_leftovers() - before:
-        try:
-            os.unlink(os.path.join("/dev/shm", name))
-        except OSError:
-            pass
-
-
-def _shm_leftovers():
-    try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("mpich")}
-    except FileNotFoundError:
-        return set()
+    leftovers.remove()

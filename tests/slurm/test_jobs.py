@@ -11,7 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from slurm_harness import APP, mpiexec_path
+from slurm_harness import APP, launch, mpi
 
 pytestmark = pytest.mark.slurm
 N = 2000            # elements of u per rank
@@ -44,7 +44,7 @@ def test_walltime_signal_pfs_checkpoint_requeue_and_restart(slurm_jobs, tmp_path
     steps, out, ready = 150, tmp_path / "out", tmp_path / "ready"
     app = f"{APP} --steps {steps} --every 10 --n {N} --step-sleep 0.04 --out {out} --ready-file {ready}"
     job = slurm_jobs("walltime-requeue.sbatch", ["--nodes=2", "--ntasks-per-node=2"],
-                     APP=app, LAUNCH=f"{mpiexec_path()} -n {RANKS}")      # MPICH's hydra inside SLURM
+                     APP=app, LAUNCH=launch(RANKS))      # this Python's mpiexec inside SLURM
     job.wait_for_file(str(ready), timeout=120)       # the first checkpoint is taken: the app runs
     proc = subprocess.run(["scancel", "--signal=USR1", "--batch", job.id], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
@@ -72,7 +72,9 @@ def test_restart_loop_relaunches_after_a_rank_dies(slurm_jobs, tmp_path):
     steps, out = 60, tmp_path / "out"
     app = (f"{APP} --steps {steps} --every 10 --n {N} --crash-at 34 --crash-rank 3 "
            f"--crash-once {tmp_path / 'crashed'} --out {out}")
-    job = slurm_jobs("restart-loop.sbatch", ["--nodes=3", "--ntasks-per-node=2"], APP=app, MAX_RESTARTS=2,
+    # srun with this MPI's PMI (the template's default is MPICH's pmi2; Open MPI needs pmix)
+    srun = f"srun --nodes=2 --ntasks={RANKS} --ntasks-per-node=2 --mpi={mpi().flavour.srun_mpi} --kill-on-bad-exit=1"
+    job = slurm_jobs("restart-loop.sbatch", ["--nodes=3", "--ntasks-per-node=2"], APP=app, MAX_RESTARTS=2, LAUNCH=srun,
                      RUN_OPTIONS="--exclude-failed-node --timeout 60")   # an attempt never hangs the test
     info = job.wait_done(timeout=180)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{job}"
@@ -91,15 +93,14 @@ def test_scavenge_leaves_the_newest_checkpoint_on_pfs(slurm_jobs, tmp_path):
     one to pfs; a new job with an empty cache restarts from it and ends bitwise equal."""
     steps, out = 60, tmp_path / "out"
     app = f"{APP} --steps {steps} --every 10 --n {N} --crash-at 44 --crash-rank 2"
-    launch = f"{mpiexec_path()} -n {RANKS}"
-    job = slurm_jobs("scavenge.sbatch", ["--nodes=2", "--ntasks-per-node=2"], APP=app, LAUNCH=launch)
+    job = slurm_jobs("scavenge.sbatch", ["--nodes=2", "--ntasks-per-node=2"], APP=app, LAUNCH=launch(RANKS))
     info = job.wait_done(timeout=150)
     assert info["JobState"] == "FAILED", f"the application should have failed: {info}\n{job}"
     assert job.lines("CKPT") == ["9 local", "19 local", "29 local", "39 local"], job
     assert "hpcckpt scavenge: copied step 39" in job.text(), job
 
     job2 = slurm_jobs("plain.sbatch", ["--nodes=2", "--ntasks-per-node=2"],
-                      APP=f"{APP} --steps {steps} --every 10 --n {N} --out {out}", LAUNCH=launch)
+                      APP=f"{APP} --steps {steps} --every 10 --n {N} --out {out}", LAUNCH=launch(RANKS))
     info = job2.wait_done(timeout=150)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{job2}"
     assert job2.lines("RESTART ") == ["39"], job2           # a fresh cache: only pfs had it
