@@ -37,7 +37,7 @@ import numpy as np
 
 from . import faults, manifest as mf, slurm, state as st
 from .codecs.checksum import digest
-from .comm import U64_MAX, Collective, agree, is_collective, mark_collective, print_abort_notice, reduce_sum_max
+from .comm import U64_MAX, Collective, Deferred, agree, is_collective, mark_collective, print_abort_notice, reduce_sum_max
 from .config import LEVELS, Config
 from .errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError, IncompatibleCheckpointError,
                      MismatchError, ProtectError)
@@ -72,11 +72,15 @@ class _Protected:
     layout: st.Layout
 
 
-class _Flush:
-    """The background pfs flush of one committed step: a thread, its error, its duration."""
+class _Background:
+    """The background work of one committed step (its redundancy, its pfs flush): a thread, its
+    error, its duration. ``redundant``: the step's redundancy is part of it (so the previous
+    redundant step is not retired before it completes)."""
 
-    def __init__(self, step, work):
-        self.step, self.error, self.seconds = step, None, None
+    def __init__(self, step, level, work, redundant):
+        self.step, self.level, self.redundant = step, level, redundant
+        self.error, self.seconds = None, None
+        self.what = "pfs flush" if level == "pfs" else f"{level} redundancy"
 
         def run():
             t = time.perf_counter()
@@ -85,7 +89,7 @@ class _Flush:
             except Exception as e:  # noqa: BLE001 - surfaced collectively at the next call
                 self.error = e
             self.seconds = time.perf_counter() - t
-        self.thread = threading.Thread(target=run, name=f"hpcckpt-flush-{step}", daemon=True)
+        self.thread = threading.Thread(target=run, name=f"hpcckpt-background-{step}", daemon=True)
         self.thread.start()
 
     def join(self):
@@ -112,7 +116,8 @@ class Checkpointer:
         self._levels = {}
         self._warned = set()
         self._pfs = None
-        self._flush = None               # the background pfs flush (_Flush) or None
+        self._flush = None               # the background work of the newest step (_Background) or None
+        self._bg_comm = None             # the background thread's communicator (a Dup of _comm)
         self._epoch = None               # this run's lineage: known after restart() or the first checkpoint
         self._clear_others = False       # start = "fresh": remove earlier runs' checkpoints after our first commit
         self._committed = False
@@ -221,6 +226,8 @@ class Checkpointer:
             finally:
                 for level in self._levels.values():
                     level.close()
+                if self._bg_comm is not None:
+                    self._bg_comm.Free()
                 if self._pfs is not None:
                     self._pfs.close()
                 self._release_locks()
@@ -323,8 +330,10 @@ class Checkpointer:
         """Collective: checkpoint the protected arrays and the ``state`` dict (what it holds now)
         as ``step``; return a CheckpointInfo.
 
-        If the previous background pfs flush failed, this checkpoint is still taken, and then
-        its error is raised (a CheckpointWriteError whose ``info`` is this checkpoint's info)."""
+        With ``background`` (partner, xor, rs, pfs) or ``async_flush`` (pfs) it returns once the
+        local level is committed; the rest runs in a background thread, and the next call waits
+        for it. If that background work failed, this checkpoint is still taken, and then its error
+        is raised (a CheckpointWriteError whose ``info`` is this checkpoint's info)."""
         self._check_open()
         if isinstance(state, str) and level is None:     # checkpoint(step, "pfs"): the level, as before state dicts
             state, level = None, state
@@ -352,8 +361,13 @@ class Checkpointer:
         if self._epoch is None:
             self._epoch = self._new_epoch()
 
+        spec = SPECS[level]
+        threads = (spec.redundant and self.config.background
+                   or spec.flush and (self.config.async_flush or self.config.background)) and _threads_ok()
+        later_redundancy = spec.redundant and self.config.background and threads
         try:
-            manifest, nbytes, seconds = self._write_and_commit(step, level, ckpt_id, state, t0)
+            manifest, nbytes, seconds = self._write_and_commit(step, level, ckpt_id, state, t0,
+                                                               encode=not later_redundancy)
         except HpcCkptError:
             self._discard(step, ckpt_id)  # every rank raises; no rank keeps a piece of this step
             self._report_lost_flush(flush_error)
@@ -363,17 +377,17 @@ class Checkpointer:
             self._clear_earlier_pfs()
         self._committed = True
 
-        # 6. pfs: flush the committed step to the parallel file system (now or in the background)
-        if SPECS[level].flush:
-            if self.config.async_flush and _threads_ok():
-                self._start_flush(manifest)
-            else:
-                try:
-                    self._flush_to_pfs(manifest)
-                except HpcCkptError:
-                    self._report_lost_flush(flush_error)
-                    raise
-                seconds = reduce_sum_max(self._comm, 0, time.perf_counter() - t0)[1]
+        # 6. the rest in the background (redundancy, then its level's marker; the pfs flush), or
+        #    the pfs flush now
+        if threads:
+            self._start_background(manifest, later_redundancy, spec.flush)
+        elif spec.flush:
+            try:
+                self._flush_to_pfs(manifest)
+            except HpcCkptError:
+                self._report_lost_flush(flush_error)
+                raise
+            seconds = reduce_sum_max(self._comm, 0, time.perf_counter() - t0)[1]
         info = CheckpointInfo(step, level, nbytes, seconds)
 
         if self._stopping and SPECS[level].flush:
@@ -400,9 +414,11 @@ class Checkpointer:
                     "go in the state dict)")
         raise mark_collective(HpcCkptError(self._comm.bcast(text, root=0)))
 
-    def _write_and_commit(self, step, level, ckpt_id, state, t0):
+    def _write_and_commit(self, step, level, ckpt_id, state, t0, encode=True):
         """Collective: steps 2-5 of the save protocol; returns this rank's manifest, the bytes
-        over all ranks and the seconds of the slowest rank."""
+        over all ranks and the seconds of the slowest rank. ``encode`` False (background): the
+        manifest is committed as a local checkpoint; the background work commits it at its level
+        once the redundancy is complete."""
         # 2-3. write this rank's data, then agree that every rank did (and that replicated
         # values are equal everywhere: the min and max of their digest, in the same reduction)
         with Collective(self._comm, f"writing checkpoint {step}") as c:
@@ -418,24 +434,35 @@ class Checkpointer:
         if c.result[0] != U64_MAX - c.result[1]:
             self._replicated_differ(replicated, step)
         # 4. redundancy across nodes: partner copies or parity (collective, errors agreed)
+        committed = manifest
         if SPECS[level].redundant:
             self._warn_survivability((level,))
-            with Collective(self._comm, f"encoding checkpoint {step} ({level})"):
-                try:
-                    self._level(level).encode(step, manifest)
-                except OSError as e:
-                    raise CheckpointWriteError(f"cannot write the {level} redundancy of step {step}: "
-                                               f"{e.strerror}" + (f" ({e.filename})" if e.filename else "")) from e
+            if encode:
+                with Collective(self._comm, f"encoding checkpoint {step} ({level})"):
+                    self._encode(self._level(level), manifest)
+            else:
+                committed = dataclasses.replace(manifest, level="local")
         # 5. commit: every rank writes its manifest; agree that every rank did
         with Collective(self._comm, f"committing checkpoint {step}"):
             try:
                 faults.hit("commit", self.comm.rank, step)
-                self.cache.commit(manifest)
+                self.cache.commit(committed)
             except OSError as e:
                 raise CheckpointWriteError(f"cannot write the manifest of step {step}: {e.strerror}") from e
             faults.hit("committed", self.comm.rank, step)
         nbytes, seconds = reduce_sum_max(self._comm, manifest.data_size, time.perf_counter() - t0)
         return manifest, nbytes, seconds
+
+    def _encode(self, redundancy, manifest, error=None):
+        """Local part of a collective encode: this rank's redundancy of ``manifest``'s step.
+        ``error``: a local failure that came before (raised once the exchange is done)."""
+        try:
+            redundancy.encode(manifest.step, manifest)
+            if error is not None:
+                raise error
+        except OSError as e:
+            raise CheckpointWriteError(f"cannot write the {manifest.level} redundancy of step {manifest.step}: "
+                                       f"{e.strerror}" + (f" ({e.filename})" if e.filename else "")) from e
 
     def _items(self, state):
         """Local: what this rank checkpoints: [(name, array, Layout)], and the encoded state
@@ -517,6 +544,8 @@ class Checkpointer:
         """Local: keep this run's newest ``keep`` committed steps up to ``keep_upto``; remove the
         rest of this run's (older ones, and newer ones of an abandoned attempt) and uncommitted
         leftovers. Other runs' and other jobs' checkpoints stay, unless start = "fresh"."""
+        if self._flush is not None and self._flush.redundant:
+            return       # the previous redundant step stays until the new one is complete
         clear = self._clear_others and self._committed
         ours, remove = [], []
         for step in self.cache.steps_on_disk():
@@ -529,7 +558,7 @@ class Checkpointer:
                 remove.append(step)
         kept = [s for s in ours if s <= keep_upto][-self.config.keep:]
         if self._flush is not None:
-            kept.append(self._flush.step)                 # its files are being read by the background flush
+            kept.append(self._flush.step)                 # its files are being read by the background work
         remove += [s for s in ours if s not in kept]
         for step in sorted(set(remove) - set(kept)):
             try:
@@ -792,10 +821,19 @@ class Checkpointer:
             log.info("restored step %d from pfs", step)
         return True
 
+    def _redundancy_comm(self):
+        """Collective (first call): the communicator of the redundancy levels: with ``background``
+        a duplicate of its own, so that the background thread never shares one with the caller."""
+        if not self.config.background:
+            return self._comm
+        if self._bg_comm is None:
+            self._bg_comm = self._comm.Dup()
+        return self._bg_comm
+
     def _level(self, level):
         """The redundancy object of a redundant level (created on first use, collectively)."""
         if level not in self._levels:
-            self._levels[level] = SPECS[level].make(self.cache, self._comm, self.topology, self.config)
+            self._levels[level] = SPECS[level].make(self.cache, self._redundancy_comm(), self.topology, self.config)
         return self._levels[level]
 
     # ------------------------------------------------------------------ background work
@@ -811,14 +849,16 @@ class Checkpointer:
             return None
         flush, self._flush = self._flush, None
         error = flush.join()
-        try:
-            agree(self._comm, error, f"background pfs flush of step {flush.step}")
+        micros = int((flush.seconds or 0.0) * 1e6)
+        try:      # the slowest rank's background time, in the same reduction
+            micros, = agree(self._comm, error, f"background {flush.what} of step {flush.step}", [micros])
         except HpcCkptError as e:
             if raise_error:
                 raise
             return e
-        if self.comm.rank == 0 and flush.seconds is not None:
-            log.info("pfs flush of step %d took %.3f s in the background", flush.step, flush.seconds)
+        if self.comm.rank == 0:
+            self.policy.record_background(flush.level, micros / 1e6)
+            log.info("the %s of step %d took %.3f s in the background", flush.what, flush.step, micros / 1e6)
         if self._last_step is not None:
             self._retire(keep_upto=self._last_step)
         return None
@@ -831,11 +871,11 @@ class Checkpointer:
         flush, self._flush = self._flush, None
         error = flush.join()
         if error is not None:
-            log.warning("rank %d: the background pfs flush of step %d failed while an exception was unwinding: %s",
-                        self.comm.rank, flush.step, error)
+            log.warning("rank %d: the background %s of step %d failed while an exception was unwinding: %s",
+                        self.comm.rank, flush.what, flush.step, error)
         elif self.comm.rank == 0:
-            log.warning("the background pfs flush of step %d completed while an exception was unwinding",
-                        flush.step)
+            log.warning("the background %s of step %d completed while an exception was unwinding",
+                        flush.what, flush.step)
 
     # ------------------------------------------------------------------ the pfs level
     def _pfs_store(self):
@@ -884,12 +924,28 @@ class Checkpointer:
                     if listed is None or listed[0] != self._epoch:
                         remove_step_dir(os.path.join(root, mf.step_dir_name(step)))
 
-    def _start_flush(self, manifest):
-        """Collective: flush the committed cache files of ``manifest`` to pfs in a background
-        thread. It reads the node-local files (memory-mapped), never the live arrays, and talks
-        MPI only on the PfsStore's own communicators."""
-        self._pfs_store()          # collective: create it here, not in the thread
-        self._flush = _Flush(manifest.step, lambda: self._flush_to_pfs(manifest))
+    def _start_background(self, manifest, redundancy, flush):
+        """Collective: the rest of a committed step in a background thread: its redundancy
+        (``redundancy``), then its level's marker (the manifest committed at its level), and its
+        pfs flush (``flush``). The thread reads the node-local files, never the live arrays, and
+        talks MPI only on the library's background communicators (the redundancy levels' own
+        duplicate, the PfsStore's)."""
+        step, level = manifest.step, manifest.level
+        coder = self._level(level) if redundancy else None    # collective: created here, not in the thread
+        if flush:
+            self._pfs_store()
+
+        def work():
+            if redundancy:
+                with Collective(self._bg_comm, f"encoding checkpoint {step} ({level}) in the background"):
+                    hook = Deferred()      # test hook: kill/ENOSPC; the exchange still runs on every rank
+                    hook.run(faults.hit, "background", self.comm.rank, step)
+                    self._encode(coder, manifest, hook.error)
+                with Collective(self._bg_comm, f"committing the {level} level of checkpoint {step}"):
+                    self.cache.commit(manifest)
+            if flush:
+                self._flush_to_pfs(manifest)
+        self._flush = _Background(step, level, work, redundancy)
 
     def scavenge(self):
         """Collective: copy the newest restorable cache checkpoint to pfs unless pfs has it already.
@@ -967,7 +1023,7 @@ def _threads_ok():
     from mpi4py import MPI
     if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
         return True
-    log.warning("async_flush needs MPI_THREAD_MULTIPLE; flushing synchronously")
+    log.warning("background work (async_flush, background) needs MPI_THREAD_MULTIPLE; working synchronously")
     return False
 
 

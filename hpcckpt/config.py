@@ -56,6 +56,7 @@ class Config:
     exit_safety: float = 2.0
     stop_signals: Any = "auto"          # signals that request a final pfs checkpoint and exit
     async_flush: bool = False           # pfs: return once staged in the cache, flush in the background
+    background: bool = False            # partner/xor/rs and pfs: return once the local level is committed
     io_chunk: int = 1 << 20             # bytes hashed and written per step (fault hooks, pwrite calls)
     write_method: str = "mmap"          # local data files: "mmap" (copy+checksum in one pass) or "pwrite"
     reuse_files: bool = True            # overwrite retired files instead of creating new ones
@@ -127,7 +128,7 @@ class Config:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _INT_KEYS = ("group_size", "rs_parity", "keep")
-_BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush", "abort_on_error")
+_BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush", "background", "abort_on_error")
 _STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "write_method", "log_level", "start")
 _TABLE_KEYS = ("schedule", "level_mtbf")
 

@@ -4,7 +4,8 @@
 ACTION is ``kill`` (SIGKILL this process, the default), ``error`` (raise ENOSPC, as a full disk
 would), ``interrupt`` (raise KeyboardInterrupt, as SIGINT would) or ``exit`` (raise SystemExit(5)). Phases: ``write`` (half-way through the data), ``written`` (data written, before the
 ranks agree), ``encode`` (partner/xor/rs: while storing partner copies or before the parity
-rounds; also fires when a rebuild resends partner copies), ``commit`` (before this rank's manifest is written), ``committed`` (after it,
+rounds; also fires when a rebuild resends partner copies), ``background`` (with ``background``:
+in the background thread, before the redundancy is written), ``commit`` (before this rank's manifest is written), ``committed`` (after it,
 before the final agreement), ``retire`` (while removing an old checkpoint), ``rebuild`` (partner/xor/rs: on a rank being
 rebuilt, before it writes what it receives), ``restore``
 (half-way through filling the arrays).

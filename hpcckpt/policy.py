@@ -131,6 +131,7 @@ class Policy:
         self.clock = clock
         self.wall_clock = wall_clock
         self._costs = {lv: deque(maxlen=COST_WINDOW) for lv in self.levels}
+        self._background = {lv: deque(maxlen=COST_WINDOW) for lv in self.levels}
         self._steps = deque(maxlen=STEP_WINDOW)
         self._started = False
         self._periods = None
@@ -178,6 +179,18 @@ class Policy:
         """Moving average of the measured cost of a level (s), or None if never measured."""
         values = self._costs[level]
         return sum(values) / len(values) if values else None
+
+    def background_cost(self, level):
+        """Moving average of the time a level's background work took (s), or None if it never
+        ran in the background. The intervals use :meth:`cost`: what the application waited."""
+        values = self._background.get(level)
+        return sum(values) / len(values) if values else None
+
+    def record_background(self, level, seconds):
+        """Record that the background work of one ``level`` checkpoint took ``seconds`` (slowest
+        rank); ``record_checkpoint`` has recorded its blocking time."""
+        if level in self._background and math.isfinite(seconds) and seconds >= 0:
+            self._background[level].append(float(seconds))
 
     def _cost_or_guess(self, level):
         c = self.cost(level)
@@ -339,6 +352,8 @@ class Policy:
                     f"{lv} {format_duration(self.cost(lv))}" if self._costs[lv]
                     else f"{lv} not yet (assumed {format_duration(self._cost_or_guess(lv))})"
                     for lv in self.levels)
+                costs += "".join(f", {lv} {format_duration(self.background_cost(lv))} more in the background"
+                                 for lv in self.levels if self._background[lv])
             else:
                 costs = (f"no cost measured yet: {format_duration(UNMEASURED_COST_GUESS)} assumed "
                          f"until a first {self.levels[0]} checkpoint measures it")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from harness import run_mpi
+from harness import mpi, run_mpi
 
 pytestmark = pytest.mark.mpi
 QUICK = 60          # seconds: the jobs end in a few; the timeout only catches a hang
@@ -29,7 +29,8 @@ def fail(root, mode, config=None, env=None, nprocs=4):
     ("protect-error", 3, "ProtectError: array 'u' is not C-contiguous")])
 def test_one_rank_exception_ends_the_job_with_its_traceback(mode, rank, text, shm_dir):
     res, _ = fail(shm_dir, mode)
-    assert res.returncode == 1, str(res)
+    # MPI_Abort(1); under load hydra may report instead the SIGKILL it sent to the other ranks
+    assert res.returncode == 1 or mpi().rank_killed(res.returncode), str(res)
     assert f"hpcckpt[rank {rank}]: uncaught exception on this rank; aborting the job" in res.stderr, str(res)
     assert text in res.stderr and "Traceback (most recent call last)" in res.stderr, str(res)
 

@@ -16,9 +16,10 @@ def guest(nprocs, root, *args, config=None):
                    "--config-json", json.dumps(config or {}), *args, timeout=120)
 
 
-@pytest.mark.parametrize("async_flush", [False, True])
-def test_a_posted_wildcard_receive_never_takes_a_library_message(async_flush, shm_dir):
-    res = guest(4, shm_dir, "--wildcard", "local,partner,xor,rs,pfs,partner", config={"async_flush": async_flush})
+@pytest.mark.parametrize("background", ["none", "async_flush", "background"])
+def test_a_posted_wildcard_receive_never_takes_a_library_message(background, shm_dir):
+    config = {} if background == "none" else {background: True}
+    res = guest(4, shm_dir, "--wildcard", "local,partner,xor,rs,pfs,partner", config=config)
     assert res.returncode == 0 and len(res.lines("WILDCARD OK")) == 4, str(res)
 
 

@@ -329,6 +329,17 @@ def test_summary_young_with_level_mtbf_and_a_level_without_failures():
         "costs measured so far: local 2 s, partner 8 s, pfs not yet (assumed 8 s))")
 
 
+def test_background_time_is_reported_but_the_interval_uses_the_blocking_time():
+    p, clock = make(kind="young", mtbf="24h", levels=("local", "partner"))
+    p.record_checkpoint("local", 2.0, now=clock.t + 2)
+    p.record_checkpoint("partner", 3.0, now=clock.t + 20)
+    before = p.periods()
+    p.record_background("partner", 9.0)
+    assert p.background_cost("partner") == 9.0 and p.background_cost("local") is None
+    assert p.cost("partner") == 3.0 and p.periods() == before
+    assert p.summary().endswith("costs measured so far: local 2 s, partner 3 s, partner 9 s more in the background)")
+
+
 def test_summary_multilevel_names_the_nesting():
     p, clock = make(kind="multilevel", level_mtbf={"local": "1h", "pfs": "1d"}, levels=("local", "pfs"),
                     end_time=None)

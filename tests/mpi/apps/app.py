@@ -8,6 +8,7 @@ restarted run ends bitwise equal to a failure-free run. Options:
   --uneven                        ranks protect different amounts of data
   --no-restart                    do not call restart()
   --config-json JSON              extra Checkpointer keyword arguments
+  --wait-after                    ckpt.wait() after every checkpoint
 Prints "RESTART <step|None>", "CKPT <step> <level> <bytes>", "DONE".
 """
 import argparse
@@ -39,6 +40,7 @@ p.add_argument("--rank-config-json", default=None, help="RANK:JSON extra keyword
 p.add_argument("--signal-at", type=int, default=-1, help="rank 1 sends itself SIGUSR1 after this step")
 p.add_argument("--policy-loop", action="store_true", help="checkpoint when need_checkpoint() says; stop on should_exit()")
 p.add_argument("--scavenge", action="store_true", help="call scavenge() at the end, print SCAVENGED <step>")
+p.add_argument("--wait-after", action="store_true", help="ckpt.wait() after every checkpoint (background work done)")
 p.add_argument("--extra-array-on-rank", type=int, default=-1, help="this rank protects one more array")
 a = p.parse_args()
 
@@ -119,6 +121,8 @@ try:  # an error hpcckpt raised on every rank leaves the block on every rank (no
                         raise  # agreed: every rank leaves the block with it
                     say(f"CKPTFAIL {step} {type(e).__name__} rank={rank} {e}")
                     continue
+                if a.wait_after:
+                    ckpt.wait()
                 if rank == 0:
                     say(f"CKPT {info.step} {info.level} {info.bytes}")
         if a.scavenge:

@@ -1,0 +1,91 @@
+"""``background = true``: checkpoint() returns once the local level is committed; partner copies,
+parity and the pfs flush are written by a background thread, and the level's marker (the manifest
+at its level) is committed only when they are complete. Under real mpiexec, 4 ranks on 4 virtual
+nodes, keep = 1 (so only the deferral of retirement keeps the previous redundant step):
+- a node lost after the background work completed: the newest step is rebuilt, bitwise;
+- a rank killed while the background work is in flight: the step is restorable at the local
+  level; with that node lost too, the previous redundant step (still there) is rebuilt;
+- a failure of the background work is raised at the next checkpoint on every rank, after that
+  checkpoint was taken; with a node lost before then, the previous redundant step is rebuilt.
+"""
+import json
+import os
+import shutil
+
+import pytest
+
+from harness import run_mpi
+from test_level_conformance import outputs, restart_step
+
+pytestmark = pytest.mark.mpi
+NPROCS = 4
+REDUNDANT = ["partner", "xor", "rs"]
+
+
+def app(root, level, *args, expect_ok=True, env=None, config=None):
+    cfg = {"ranks_per_node": 1, "group_size": 4, "rs_parity": 2, "keep": 1, "background": True}
+    cfg.update(config or {})
+    res = run_mpi(NPROCS, "app.py", "--cache", os.path.join(root, "node{node}"), "--steps", 20, "--every", 5,
+                  "--uneven", "--level", level, "--config-json", json.dumps(cfg), *args, env=env)
+    assert (res.returncode == 0) == expect_ok, str(res)
+    return res
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ref")
+    app(str(d / "cache"), "local", "--out", str(d / "out"), "--no-restart", config={"background": False})
+    return outputs(str(d / "out"))
+
+
+@pytest.mark.parametrize("level", REDUNDANT + ["pfs"])
+def test_node_lost_after_background_work_completed(level, reference, tmp_path):
+    cache = str(tmp_path / "cache")
+    app(cache, level, "--crash-at", 12, "--crash-rank", 3, "--wait-after", expect_ok=False)
+    shutil.rmtree(os.path.join(cache, "node3"))
+    res = app(cache, level, "--out", str(tmp_path / "out"))
+    assert restart_step(res) == 9, str(res)
+    assert outputs(str(tmp_path / "out")) == reference
+
+
+@pytest.mark.parametrize("level", REDUNDANT)
+@pytest.mark.parametrize("node_lost", [False, True])
+def test_killed_while_background_work_in_flight(level, node_lost, reference, tmp_path):
+    cache = str(tmp_path / "cache")
+    app(cache, level, env={"_HPCCKPT_FAULT": "background:1:9:kill"}, expect_ok=False)
+    if node_lost:
+        shutil.rmtree(os.path.join(cache, "node1"))
+    res = app(cache, level, "--out", str(tmp_path / "out"))
+    # step 9 was committed at the local level only: restorable as such; without rank 1's node,
+    # the previous redundant step (4, not retired although keep = 1) is rebuilt
+    assert restart_step(res) == (4 if node_lost else 9), str(res)
+    assert outputs(str(tmp_path / "out")) == reference
+
+
+@pytest.mark.parametrize("level", ["partner", "xor"])
+def test_background_failure_is_raised_at_the_next_checkpoint_on_every_rank(level, reference, tmp_path):
+    cache = str(tmp_path / "cache")
+    res = app(cache, level, "--tolerate-write-errors", "--out", str(tmp_path / "out"),
+              env={"_HPCCKPT_FAULT": "background:2:9:error"})
+    fails = res.lines("CKPTFAIL")
+    assert len(fails) == NPROCS, str(res)
+    assert all(f.startswith("14 CheckpointWriteError") and "background" in f and "step 14 was checkpointed" in f
+               for f in fails), fails
+    assert outputs(str(tmp_path / "out")) == reference
+    # the failed step never got its level's marker; step 14 (taken all the same) and 19 did
+    res = app(cache, level, "--no-restart", "--steps", 0)
+    manifests = [os.path.join(cache, "node0", "app", f"step_{s:010d}", "rank_000000.json") for s in (9, 14, 19)]
+    levels = [json.load(open(m))["level"] if os.path.exists(m) else None for m in manifests]
+    assert levels == [None, None, level], levels      # keep = 1: only 19 remains, at its level
+
+
+@pytest.mark.parametrize("level", ["partner", "xor"])
+def test_failed_background_work_leaves_the_previous_redundant_step_usable(level, reference, tmp_path):
+    cache = str(tmp_path / "cache")
+    # step 9's redundancy fails on rank 2; rank 1 is killed at step 12, before anyone is told
+    app(cache, level, "--crash-at", 12, "--crash-rank", 1, env={"_HPCCKPT_FAULT": "background:2:9:error"},
+        expect_ok=False)
+    shutil.rmtree(os.path.join(cache, "node1"))
+    res = app(cache, level, "--out", str(tmp_path / "out"))
+    assert restart_step(res) == 4, str(res)          # step 9 never got its level's marker
+    assert outputs(str(tmp_path / "out")) == reference
