@@ -24,16 +24,26 @@ checks that its arrays and state fit (MismatchError / IncompatibleCheckpointErro
 values); the blocks read are verified against their checksums (each by one reader); only then
 is anything filled.
 
+Retire, collective: rank 0 uncommits each step to remove (its marker first) and renames its
+directory into ``<pfs_dir>/<name>/.trash/``; every aggregator then unlinks its own node file
+there, and rank 0 the rest, in a background thread of their own (no MPI in it), so that a
+checkpoint does not wait while the file system frees the blocks, and no rank removes the files
+of every node. The next retire waits for these removals first (at most one retired step's
+files are pending); ``close()`` waits for them and removes ``.trash``. What a crash leaves in
+``.trash`` is removed by the next retire.
+
 h5py from PyPI has no MPI, so nothing here needs parallel HDF5; the data never goes through the
 HDF5 library on the write path (h5py lays out the files, ``os.pwrite`` fills them). Every method
 is collective over the store's own duplicate of the communicator given (so it may run in a
 background thread while the application computes).
 """
+import concurrent.futures
 import dataclasses
 import logging
 import os
 import shutil
 import time
+import uuid
 
 import numpy as np
 
@@ -44,7 +54,7 @@ from ..errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError
                       MismatchError, ProtectError)
 from . import hdf5_layout as lay
 from . import pfs_files as files
-from .pfs_index import (GLOBAL_LAYOUTS, MARKER, MASTER, SHARED_LAYOUTS, Block, Entry, Index, id_ok,
+from .pfs_index import (GLOBAL_LAYOUTS, MARKER, MASTER, TRASH, SHARED_LAYOUTS, Block, Entry, Index, id_ok,
                         listing as _listing, max_index_bytes, read_index)
 
 log = logging.getLogger("hpcckpt")
@@ -110,6 +120,8 @@ class PfsStore:
         self.root = os.path.abspath(os.path.join(cfg.pfs_dir, cfg.name))
         self.chunk = int(cfg.io_chunk)
         self.max_index = max_index_bytes(self.size)
+        self.trash = os.path.join(self.root, TRASH)
+        self._deleter = _Deleter()
         with Collective(self.comm, f"creating {self.root}"):
             if self.rank == 0:
                 try:
@@ -119,8 +131,13 @@ class PfsStore:
                                                f"{e.strerror}") from e
 
     def close(self):
-        """Collective: free the store's communicators. Calling it twice is harmless."""
+        """Collective: finish the removals of retired steps, then free the store's
+        communicators. Calling it twice is harmless."""
         if self.comm is not None:
+            self._deleter.wait()
+            self.comm.Barrier()                 # every node's removals are done: .trash is empty
+            if self.rank == 0:
+                _remove_tree(self.trash)
             self.node_comm.Free()
             self.comm.Free()
             self.comm = self.node_comm = None
@@ -590,10 +607,15 @@ class PfsStore:
         abandoned attempt) and leftovers (uncommitted or temporary step directories). Other
         runs' steps and steps whose index cannot be read stay, unless ``clear_others``. Done by
         rank 0."""
+        self._deleter.wait()                    # the previous retire's removals (normally done long ago)
+        retired = None
         with Collective(self.comm, f"retiring old pfs checkpoints in {self.root}"):
             if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)) or keep < 1:
                 raise HpcCkptError(f"keep must be a positive integer, got {keep!r}")
             if self.rank == 0:
+                retired = []
+                for name in sorted(os.listdir(self.trash)) if os.path.isdir(self.trash) else []:
+                    self._deleter.remove(os.path.join(self.trash, name))   # left by a crash
                 readable = self.listing()
                 ours = sorted(s for s, (e, _) in readable.items() if epoch is None or e == epoch)
                 kept = set([s for s in ours if keep_upto is None or s <= keep_upto][-int(keep):])
@@ -608,10 +630,73 @@ class PfsStore:
                             continue          # another run's, or an index we cannot read: not ours to delete
                     elif not leftover:
                         continue
-                    remove_step_dir(os.path.join(self.root, name))
+                    trashed = self._to_trash(os.path.join(self.root, name))
+                    if trashed is not None:
+                        retired.append(trashed)
+        # each aggregator removes its node's file, rank 0 the rest (background threads)
+        retired = self.comm.bcast(retired, root=0)
+        for path in retired:
+            if self.is_aggregator:
+                self._deleter.remove(os.path.join(path, lay.node_file(self.node)))
+            if self.rank == 0:
+                self._deleter.remove(path, keep=lay.NODE_FILE_RE)
+
+    def _to_trash(self, path):
+        """Local (rank 0): uncommit the step directory ``path`` (its marker first) and move it
+        into ``.trash``; return its new path (None: a planted link, removed, or gone)."""
+        if os.path.islink(path):
+            storage.remove_file(path)
+            return None
+        storage.remove_file(os.path.join(path, MARKER))
+        storage.makedirs(self.trash, self.cfg.dir_mode)
+        trashed = os.path.join(self.trash, f"{os.path.basename(path)}-{uuid.uuid4().hex[:12]}")
+        try:
+            os.rename(path, trashed)
+        except FileNotFoundError:
+            return None
+        return trashed
 
     def _remove_tree(self, path):
         _remove_tree(path)
+
+
+class _Deleter:
+    """Local: removes files and trees in one background thread (no MPI); ``wait()`` blocks until
+    what was submitted is done. Failures are logged, never raised: what remains is removed by a
+    later retire."""
+
+    def __init__(self):
+        self._pool, self._pending = None, []
+
+    def remove(self, path, keep=None):
+        """Remove ``path`` (a file, or a tree; with ``keep``, a regular expression, the files
+        whose names match stay, and so does the directory if they do)."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hpcckpt-pfs-remove")
+        self._pending.append(self._pool.submit(_remove_path, path, keep))
+
+    def wait(self):
+        for f in self._pending:
+            f.result()
+        self._pending = []
+
+
+def _remove_path(path, keep=None):
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            if keep is None:
+                _remove_tree(path)
+                return
+            for name in os.listdir(path):
+                if not keep.fullmatch(name):
+                    _remove_path(os.path.join(path, name))
+            storage.remove_dir_if_empty(path)    # other nodes' files still there: their aggregators remove them
+        else:
+            storage.remove_file(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning("could not remove %s: %s", path, e)
 
 
 def remove_step_dir(path):

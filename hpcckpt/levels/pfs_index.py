@@ -23,6 +23,7 @@ FORMAT = "hpcckpt-pfs"
 VERSION = 2
 MASTER = "checkpoint.h5"
 MARKER = "COMMITTED.json"
+TRASH = ".trash"                  # retired step directories while their files are removed
 LAYOUTS = mf.LAYOUTS
 GLOBAL_LAYOUTS = ("block", "rows")       # stored as one global dataset (a virtual dataset in the master)
 SHARED_LAYOUTS = ("replicated", "root")  # stored once, by rank 0

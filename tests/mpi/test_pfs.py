@@ -253,6 +253,18 @@ def test_retire_keeps_the_newest(pfs):
     assert sorted(os.listdir(os.path.join(pfs, NAME))) == ["step_0000000003", "step_0000000004"]
 
 
+def test_retired_files_are_removed_by_their_nodes_and_what_a_crash_left_is_removed(pfs):
+    # a crash left a retired step half-removed in .trash: the next retire removes it
+    left = os.path.join(pfs, NAME, ".trash", "step_0000000001-0123456789ab")
+    os.makedirs(left)
+    with open(os.path.join(left, "node_000001.h5"), "wb") as f:
+        f.write(b"x" * 4096)
+    res = app(4, pfs, "save:2", "save:3", "retire:1", "steps", rpn=2)
+    assert [steps_line_of(line) for line in res.lines("STEPS")] == [[3]]
+    # every node's file of step 2 and the crash's leftover are gone once the store is closed
+    assert sorted(os.listdir(os.path.join(pfs, NAME))) == ["step_0000000003"]
+
+
 def test_mismatches_raise_on_every_rank(written_by_4):
     res = app(4, written_by_4, "restore-badshape:7", "restore-baddtype:7", "restore-global:7")
     errs = assert_error_everywhere(res, "restore-badshape:7", "MismatchError", 4)
