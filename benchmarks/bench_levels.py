@@ -1,29 +1,37 @@
 """Checkpoint and restart time and bandwidth of every level, against the limits measured in the
-same job, on 2, 4 and 8 ranks and 16-512 MiB per rank.
+same job, on 2, 4 and 8 ranks and 16-512 MiB per rank, with reuse_files true (the default) and
+false (new files at every checkpoint, as FTI writes them).
 
     python benchmarks/bench_levels.py [--grid 4x64,4x256,...] [--levels local,partner,xor,rs,pfs]
-                                      [--reps 3] [--quick] [--out FILE]
-    (--quick: grid 4x16 and 2 repetitions; every level and every limit still measured)
+                                      [--reps 3] [--no-new-files] [--quick] [--out FILE]
+    (--quick: grid 4x16 and 2 repetitions; every level, both passes and every limit still measured)
 
 One mpiexec job per (ranks, MiB per rank). Each job first measures, every rank at once, the
 limits (common.measure_limits: memcpy, tmpfs new file / overwrite, disk write + fsync, MPI ring
-Sendrecv), then for each level: 3 warm-up checkpoints (the first is reported as ``first``; from
-the 4th on, with keep = 2, every file overwrites a retired one), ``reps`` timed checkpoints, and ``reps`` timed restarts, each after losing
-what the level exists for:
-  - local:            nothing lost (restart from the cache as it is)
-  - partner/xor/rs:   node 1's cache directory deleted (rebuilt from copies / parity)
-  - pfs:              every node's cache deleted (read back from the HDF5 files on disk)
-One virtual node per rank (ranks_per_node=1, cache_dir <shm>/node{node}), group_size 4,
-rs_parity 2 (with 2 ranks the group is 2 ranks, so rs uses 1 parity), pfs_dir on disk (/tmp).
-Time = slowest rank between barriers; aggregate = ranks x bytes per rank / time; medians.
+Sendrecv), then for each level two passes, one after the other, each with a Checkpointer of its
+own (fresh cache and pfs directories, removed after the pass):
+  1. reuse_files = true: 3 warm-up checkpoints (the first is reported as ``first``; from the 4th
+     on, with keep = 2, every file overwrites a retired one), ``reps`` timed checkpoints, and
+     ``reps`` timed restarts, each after losing what the level exists for:
+       - local:            nothing lost (restart from the cache as it is)
+       - partner/xor/rs:   node 1's cache directory deleted (rebuilt from copies / parity)
+       - pfs:              every node's cache deleted (read back from the HDF5 files on disk)
+  2. reuse_files = false (``new_files`` in the JSON; skipped with --no-new-files): the same
+     3 warm-ups and ``reps`` timed checkpoints, each creating new files and unlinking those of the
+     checkpoint it retires; no restarts (they read the same files either way).
+One virtual node per rank (ranks_per_node=1, cache_dir <shm>/cache-<level>-<pass>/node{node}),
+group_size 4, rs_parity 2 (with 2 ranks the group is 2 ranks, so rs uses 1 parity), pfs_dir on
+disk (/tmp). Time = slowest rank between barriers; aggregate = ranks x bytes per rank / time;
+medians. At 4 ranks and 64 / 256 MiB, ``x_fti`` and ``x_fti_new_files`` = the checkpoint
+bandwidth of pass 1 / pass 2 over FTI's (common.FTI_MIB_S).
 """
 import os
 import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (FTI_MIB_S, LIMITS, MiB, command, measure_limits, parser, result_line, run_mpi,  # noqa: E402
-                    say, scratch, summarize, timed, world, write_json)
+from common import (FTI_MIB_S, FTI_RANKS, FTI_SOURCE, LIMITS, MiB, command, measure_limits, parser,  # noqa: E402
+                    result_line, run_mpi, say, scratch, summarize, timed, world, write_json)
 
 LEVELS = ("local", "partner", "xor", "rs", "pfs")
 FULL_GRID = "4x16,4x64,4x256,4x512,2x64,2x256,8x64,8x256"
@@ -48,37 +56,49 @@ def worker(a):
     os.makedirs(disk_root, exist_ok=True)
     res = {"limits": measure_limits(comm, data, scratch, shm_root, disk_root, a.reps)}
     del scratch
-    cache = os.path.join(a.shm, "cache", "node{node}")
-    my_cache = os.path.join(a.shm, "cache", f"node{comm.rank}")
-    with hpcckpt.Checkpointer(comm, name="bench", cache_dir=cache, pfs_dir=os.path.join(a.disk, "pfs"),
-                              ranks_per_node=1, group_size=4, rs_parity=2) as ckpt:
-        ckpt.protect("data", data)
-        step = 0
-        for level in a.levels.split(","):
-            r = res[level] = {"first": [], "checkpoint": [], "restart": []}
-            # steady state from the 4th checkpoint of a level on (keep = 2): only then do the
-            # files (data, and the copies / parity held for others) overwrite retired ones
-            for w in range(3):
-                t = timed(comm, lambda: ckpt.checkpoint(step, level))
-                if w == 0:
-                    r["first"].append(t)
-                step += 1
-            for _ in range(a.reps):
-                r["checkpoint"].append(timed(comm, lambda: ckpt.checkpoint(step, level)))
-                step += 1
-            last = step - 1
-            for _ in range(a.reps):
-                if level == "pfs" or (level in ("partner", "xor", "rs") and comm.rank == 1):
-                    shutil.rmtree(my_cache, ignore_errors=True)
-                data[:] = 0
-                got = []
-                r["restart"].append(timed(comm, lambda: got.append(ckpt.restart())))
-                ok = got[0] == last and xxhash.xxh3_64_hexdigest(data) == digest
-                if not all(comm.allgather(ok)):
-                    raise SystemExit(f"restart after {level} returned {got[0]}, expected {last}, or wrong data")
+    res["new_files"] = {}
+    for level in a.levels.split(","):
+        r = res[level] = {"first": [], "checkpoint": [], "restart": []}
+        passes = [(True, r)]
+        if not a.no_new_files:
+            res["new_files"][level] = {"first": [], "checkpoint": []}
+            passes.append((False, res["new_files"][level]))
+        for reuse, r in passes:
+            tag = "reuse" if reuse else "new"
+            cache_root, pfs_dir = os.path.join(a.shm, f"cache-{level}-{tag}"), os.path.join(a.disk, f"pfs-{level}-{tag}")
+            my_cache = os.path.join(cache_root, f"node{comm.rank}")
+            with hpcckpt.Checkpointer(comm, name="bench", cache_dir=os.path.join(cache_root, "node{node}"), pfs_dir=pfs_dir,
+                                      ranks_per_node=1, group_size=4, rs_parity=2, reuse_files=reuse) as ckpt:
+                ckpt.protect("data", data)
+                step = 0
+                # steady state from the 4th checkpoint on (keep = 2): with reuse_files only then do
+                # the files (data, and the copies / parity held for others) overwrite retired ones;
+                # without, every checkpoint creates new files and unlinks those of a retired one
+                for w in range(3):
+                    t = timed(comm, lambda: ckpt.checkpoint(step, level))
+                    if w == 0:
+                        r["first"].append(t)
+                    step += 1
+                for _ in range(a.reps):
+                    r["checkpoint"].append(timed(comm, lambda: ckpt.checkpoint(step, level)))
+                    step += 1
+                last = step - 1
+                for _ in range(a.reps if reuse else 0):    # restarts: the reuse_files pass only
+                    if level == "pfs" or (level in ("partner", "xor", "rs") and comm.rank == 1):
+                        shutil.rmtree(my_cache, ignore_errors=True)
+                    data[:] = 0
+                    got = []
+                    r["restart"].append(timed(comm, lambda: got.append(ckpt.restart())))
+                    ok = got[0] == last and xxhash.xxh3_64_hexdigest(data) == digest
+                    if not all(comm.allgather(ok)):
+                        raise SystemExit(f"restart after {level} returned {got[0]}, expected {last}, or wrong data")
+            shutil.rmtree(my_cache, ignore_errors=True)          # free the memory before the next pass
             if comm.rank == 0:
-                print(f"  {comm.size} ranks x {a.size} MiB {level}: checkpoint {sorted(r['checkpoint'])[len(r['checkpoint']) // 2]:.3f} s",
-                      flush=True)
+                shutil.rmtree(pfs_dir, ignore_errors=True)
+            comm.Barrier()
+            if comm.rank == 0:
+                print(f"  {comm.size} ranks x {a.size} MiB {level} (reuse_files {str(reuse).lower()}): checkpoint "
+                      f"{sorted(r['checkpoint'])[len(r['checkpoint']) // 2]:.3f} s", flush=True)
     if comm.rank == 0:
         print("RESULT " + __import__("json").dumps(res), flush=True)
 
@@ -96,10 +116,16 @@ def analyse(ranks, size, raw, levels):
              "restart_fraction_of_memcpy": s["mib_s"]["restart"] / lim["mib_s"]["memcpy"]}
         if level == "partner" and "mpi_ring" in lim["mib_s"]:
             d["checkpoint_fraction_of_mpi_ring"] = s["mib_s"]["checkpoint"] / lim["mib_s"]["mpi_ring"]
-        fti = FTI_MIB_S[level].get(size) if ranks == 4 else None
+        nf = raw.get("new_files", {}).get(level)
+        if nf and nf["checkpoint"]:
+            n = summarize(nf, total)
+            d["new_files"] = {**n, "checkpoint_fraction_of_tmpfs_new": n["mib_s"]["checkpoint"] / lim["mib_s"]["tmpfs_new"]}
+        fti = FTI_MIB_S[level].get(size) if ranks == FTI_RANKS else None
         if fti:
             d["fti_mib_s"] = fti
             d["x_fti"] = s["mib_s"]["checkpoint"] / fti
+            if "new_files" in d:
+                d["x_fti_new_files"] = d["new_files"]["mib_s"]["checkpoint"] / fti
         row["levels"][level] = d
     return row
 
@@ -109,6 +135,8 @@ def main(argv=None):
     p.add_argument("--grid", default=None, help=f"RANKSxMIB,... (default {FULL_GRID}; --quick {QUICK_GRID})")
     p.add_argument("--levels", default=",".join(LEVELS))
     p.add_argument("--reps", type=int, default=None, help=f"default 3 ({QUICK_REPS} with --quick)")
+    p.add_argument("--no-new-files", action="store_true",
+                   help="skip the second pass per level with reuse_files = false (new files at every checkpoint)")
     a = p.parse_args(argv)
     if a.worker:
         return worker(a)
@@ -121,7 +149,8 @@ def main(argv=None):
         say(f"levels [{n}/{len(grid)}] {ranks} ranks x {size} MiB per rank: limits, then {', '.join(levels)}")
         with scratch("levels") as (shm, disk):
             out = run_mpi(ranks, [os.path.abspath(__file__), "--worker", "--size", str(size), "--reps", str(a.reps),
-                                  "--levels", a.levels, "--shm", shm, "--disk", disk])
+                                  "--levels", a.levels, "--shm", shm, "--disk", disk]
+                          + (["--no-new-files"] if a.no_new_files else []))
         row = analyse(ranks, size, result_line(out), levels)
         rows.append(row)
         lm = row["limits"]["mib_s"]
@@ -129,9 +158,12 @@ def main(argv=None):
         for level, d in row["levels"].items():
             say(f"  {level:8s} checkpoint {d['mib_s']['checkpoint']:7.0f} MiB/s ({d['checkpoint_fraction_of_limit']:.0%} "
                 f"of {d['limit']}), restart {d['mib_s']['restart']:7.0f} MiB/s"
-                + (f", {d['x_fti']:.1f}x FTI {d['fti_mib_s']:.0f}" if "x_fti" in d else ""))
+                + (f", new files {d['new_files']['mib_s']['checkpoint']:7.0f} MiB/s" if "new_files" in d else "")
+                + (f", {d['x_fti']:.1f}x FTI {d['fti_mib_s']:.0f}" if "x_fti" in d else "")
+                + (f" ({d['x_fti_new_files']:.1f}x with new files)" if "x_fti_new_files" in d else ""))
     path = write_json("levels", {"command": command("bench_levels.py", argv),
                                  "reps": a.reps, "grid": [list(g) for g in grid], "levels": levels,
+                                 "new_files": not a.no_new_files, "fti_source": FTI_SOURCE,
                                  "config": {"ranks_per_node": 1, "group_size": 4, "rs_parity": 2,
                                             "cache": "tmpfs (/dev/shm)", "pfs_dir": "disk (/tmp)"},
                                  "rows": rows}, a.out)

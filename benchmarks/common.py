@@ -25,14 +25,30 @@ MiB = 1 << 20
 SHM = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 DISK = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()   # pfs_dir lives on disk, never tmpfs
 
-# FTI 1.6 on this machine (ANCHORS.md): 4 ranks, aggregate MiB/s at 64 and 256 MiB per rank.
+# FTI 1.6, 4 ranks, aggregate MiB/s at 64 and 256 MiB per rank (ANCHORS.md). FTI_MIB_S: measured
+# interleaved with bench_levels.py workers in one session (2026-12-03, 9 samples per cell, medians);
+# the ratios and targets use these. FTI_MIB_S_EARLIER: FTI alone, an earlier session (2026-12-02,
+# mean of 3), in which it ran about 2x slower; quoted for reference only.
 # FTI has no XOR level: its erasure-coded level is L3 (Reed-Solomon); xor is compared to it.
-FTI_MIB_S = {"local": {64: 466.0, 256: 450.0}, "partner": {64: 328.0, 256: 170.0},
-             "rs": {64: 121.0, 256: 102.0}, "xor": {64: 121.0, 256: 102.0},
-             "pfs": {64: 162.0, 256: 216.0}}
+FTI_SOURCE = "FTI 1.6 interleaved with bench_levels.py in one session (ANCHORS.md, 2026-12-03)"
+FTI_MIB_S = {"local": {64: 985.0, 256: 1089.0}, "partner": {64: 604.0, 256: 521.0},
+             "rs": {64: 262.0, 256: 277.0}, "xor": {64: 262.0, 256: 277.0},
+             "pfs": {64: 542.0, 256: 399.0}}
+FTI_MIB_S_EARLIER = {"local": {64: 466.0, 256: 450.0}, "partner": {64: 328.0, 256: 170.0},
+                      "rs": {64: 121.0, 256: 102.0}, "xor": {64: 121.0, 256: 102.0},
+                      "pfs": {64: 162.0, 256: 216.0}}
+# hpcckpt / FTI within that session (bench_levels.py workers interleaved with FTI, ANCHORS.md), at
+# 64 / 256 MiB: with reuse_files true (the default) and false (new files, as FTI writes them).
+FTI_SESSION_X = {"local": {64: 8.1, 256: 7.8}, "partner": {64: 4.8, 256: 6.4}, "rs": {64: 6.2, 256: 6.3},
+                 "pfs": {64: 1.5, 256: 2.6}}
+FTI_SESSION_X_NEW_FILES = {"local": {64: 1.8, 256: 1.9}, "partner": {64: 1.5, 256: 2.9}, "rs": {64: 2.7, 256: 3.1},
+                           "pfs": {64: 1.3, 256: 1.6}}
+FTI_RANKS = 4                                   # every FTI figure is 4 ranks, one node per rank
 FTI_LEVEL_NAME = {"local": "L1", "partner": "L2", "xor": "L3 (RS)", "rs": "L3", "pfs": "L4"}
-# FTI recovery (init + read), 256 MiB per rank, 4 ranks; L2 and L3 after losing a node.
+# FTI recovery (init + read), 4 ranks x 256 MiB per rank, L2 and L3 after losing a node; measured
+# in the 2026-12-02 session only (not measured again in the interleaved one).
 FTI_RECOVERY_S = {"local": 2.1, "partner": 4.9, "rs": 16.9, "xor": 16.9, "pfs": 2.7}
+FTI_RECOVERY_MIB, FTI_RECOVERY_RANKS = 256, 4
 # Single-process kernel figures (GB/s of data input) from ANCHORS.md, by block MiB.
 ANCHOR_XOR_FUSED = {64: 13.4, 512: 10.0}
 ANCHOR_XOR_NUMPY = {64: 7.8, 512: 5.8}          # NumPy chained, same table

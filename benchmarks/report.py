@@ -13,7 +13,8 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ANCHOR_XOR_FUSED, ANCHOR_XOR_NUMPY, FTI_LEVEL_NAME, FTI_MIB_S, FTI_RECOVERY_S, RESULTS, say  # noqa: E402
+from common import (ANCHOR_XOR_FUSED, ANCHOR_XOR_NUMPY, FTI_LEVEL_NAME, FTI_MIB_S, FTI_MIB_S_EARLIER,  # noqa: E402
+                    FTI_SESSION_X, FTI_SESSION_X_NEW_FILES, FTI_RANKS, FTI_RECOVERY_MIB, FTI_RECOVERY_RANKS, FTI_RECOVERY_S, FTI_SOURCE, RESULTS, say)
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 MARKERS = [("<!-- bench-table -->", "<!-- /bench-table -->"), ("<!-- local-table -->", "<!-- /local-table -->")]
@@ -32,12 +33,90 @@ def pct(x):
     return "–" if x is None else f"{x:.0%}"
 
 
-def mark(ok):
+def mark(ok, comparable=True):
+    """A target's status: met / not met, or not comparable when the figure was not measured at
+    the size (or rank count) of its anchor; never "not met" for a figure of another size."""
+    if not comparable:
+        return "**not comparable**"
     return "**met**" if ok else "**not met**"
 
 
 def level_rows(lv, ranks=4):
     return {r["mib_per_rank"]: r for r in lv["rows"] if r["ranks"] == ranks} if lv else {}
+
+
+def fti_ratios(rows, level, new_files=False, anchors=None):
+    """[(MiB per rank, our checkpoint MiB/s / FTI's)] at the sizes where FTI has a figure, from the
+    4-rank rows of levels.json (``rows``: level_rows()); ``new_files``: our reuse_files = false
+    figure. Recomputed from ``anchors`` (default common.FTI_MIB_S), not read from the JSON."""
+    anchors = FTI_MIB_S if anchors is None else anchors
+    out = []
+    for size in sorted(rows):
+        e = rows[size]["levels"].get(level)
+        fti = anchors.get(level, {}).get(size)
+        if not e or not fti:
+            continue
+        if new_files and "new_files" not in e:
+            continue
+        ours = e["new_files"]["mib_s"]["checkpoint"] if new_files else e["mib_s"]["checkpoint"]
+        out.append((size, ours / fti))
+    return out
+
+
+def fti_target(rows, level, same_work_new_files=False, factor=2.0):
+    """One row of the targets table: ``level`` >= ``factor`` x FTI's bandwidth at the same size.
+    Judged on the default run (reuse_files = true), or with ``same_work_new_files`` on the
+    reuse_files = false run (new files at every checkpoint, as FTI writes them). Sizes that FTI
+    has no figure for are "not comparable"."""
+    name = FTI_LEVEL_NAME[level]
+    anchor_sizes = sorted(FTI_MIB_S[level])
+    fti = "/".join(f"{FTI_MIB_S[level][s]:.0f}" for s in anchor_sizes)
+    what = (f"`{level}` ≥ {factor:g}× FTI {name} ({fti} MiB/s at {'/'.join(map(str, anchor_sizes))} MiB, {FTI_RANKS} ranks)"
+            + ("; same work: new files at every checkpoint (`reuse_files = false`), as FTI writes them" if same_work_new_files else ""))
+    measured = [s for s in sorted(rows) if level in rows[s]["levels"]]
+    if not measured:
+        return f"| {what} | not measured | – |"
+    reuse, new = fti_ratios(rows, level), fti_ratios(rows, level, new_files=True)
+    if not reuse:
+        return (f"| {what} | measured at {'/'.join(map(str, measured))} MiB per rank only; FTI's figures are at "
+                f"{'/'.join(map(str, anchor_sizes))} MiB | {mark(False, comparable=False)} |")
+
+    def fmt(xs):
+        return " / ".join(f"{x:.1f}×" for _, x in xs)
+    sizes = "/".join(str(s) for s, _ in reuse)
+    if same_work_new_files:
+        if not new:
+            return (f"| {what} | reuse_files = false not measured (`bench_levels.py --no-new-files`); with reuse_files = true "
+                    f"{fmt(reuse)} at {sizes} MiB | – |")
+        return (f"| {what} | new files {fmt(new)} at {'/'.join(str(s) for s, _ in new)} MiB (reuse_files = true: {fmt(reuse)}) | "
+                f"{mark(min(x for _, x in new) >= factor)} |")
+    text = f"{fmt(reuse)} at {sizes} MiB" + (f" (new files: {fmt(new)})" if new else "")
+    status = mark(min(x for _, x in reuse) >= factor)
+    if new:
+        status += f"; new files {mark(min(x for _, x in new) >= factor)}"
+    return f"| {what} | {text} | {status} |"
+
+
+def recovery_comparable(rec):
+    """FTI's recovery times are for FTI_RECOVERY_RANKS ranks x FTI_RECOVERY_MIB MiB per rank."""
+    return rec.get("mib_per_rank") == FTI_RECOVERY_MIB and rec.get("ranks") == FTI_RECOVERY_RANKS
+
+
+def sources(d, names=("levels", "recovery", "codecs", "integrity", "async", "naive", "numba"), cpu=None):
+    """'name date (load average at its end)' of each JSON the table reads; its CPU too where it
+    is not ``cpu``."""
+    parts = []
+    for name in names:
+        j = load(d, name)
+        if j is None and name == "integrity":
+            j, name = load(d, "local"), "local"
+        if not j:
+            continue
+        m = j.get("machine", {})
+        la = m.get("loadavg")
+        parts.append(f"{name} {m.get('date', '?')[:16]}" + (f" (load {la[0]:.1f})" if la else "")
+                     + (f" on {m['cpu']}" if cpu and m.get("cpu") and m["cpu"] != cpu else ""))
+    return parts
 
 
 def table(d):
@@ -51,29 +130,46 @@ def table(d):
     if suite:
         la = [r["loadavg_start"][0] for r in suite["runs"].values()] + [r["loadavg_end"][0] for r in suite["runs"].values()]
         load_txt = f", load average {min(la):.1f}–{max(la):.1f} during the run (2 cores: shared and noisy)"
-    out.append(f"Measured {when.get('date', '?')[:16]} by `{suite['command'] if suite else 'python -m benchmarks'}` "
-               f"on {when.get('cpu', '?')}, {when.get('nproc', '?')} cores{load_txt}. "
-               "4 ranks, one virtual node per rank, cache on /dev/shm, pfs on disk (/tmp); aggregate = 4 × bytes "
+    out.append(f"Measured on {when.get('cpu', '?')}, {when.get('nproc', '?')} cores"
+               + (f"; the last `python -m benchmarks` run here: `{suite['command']}`{load_txt}" if suite else "") + ". "
+               + (f"Each JSON's date and the 1-minute load average at its end: {', '.join(sources(d, cpu=when.get('cpu')))}. "
+                  if sources(d) else "")
+               + "4 ranks, one virtual node per rank, cache on /dev/shm, pfs on disk (/tmp); aggregate = 4 × bytes "
                "per rank / slowest rank; medians; limits measured in the same job. "
                "Restart = after losing what the level protects against (partner/xor/rs: one node's cache; pfs: all caches). "
-               "FTI's figures come from an idle machine (ANCHORS.md): under load, the fractions of the limits measured "
-               "in the same job are the fairer comparison.")
+               "checkpoint = the library's default, `reuse_files = true` (retired files overwritten); new files = "
+               "`reuse_files = false`, a new file at every checkpoint as FTI writes them (same job, right after). "
+               f"FTI bandwidths: {FTI_SOURCE}, not this run; \"vs FTI\" = ours / FTI's at the same size. "
+               "FTI has no XOR level: xor is set against its L3 (Reed-Solomon, 4 + 4 parity).")
     out.append("")
     rows = level_rows(lv)
     if rows:
-        out.append("| level | per rank | checkpoint | of limit | FTI 1.6 | vs FTI | restart |")
-        out.append("|---|---|---|---|---|---|---|")
+        out.append("| level | per rank | checkpoint | new files | of limit | FTI 1.6 | vs FTI | vs FTI, new files | restart |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
         for level in LEVELS:
             for size in sorted(rows):
                 e = rows[size]["levels"].get(level)
                 if not e:
                     continue
                 m = e["mib_s"]
-                fti = e.get("fti_mib_s")
-                out.append(f"| `{level}` | {size} MiB | {m['checkpoint']:.0f} MiB/s | {pct(e['checkpoint_fraction_of_limit'])} "
+                nf = e.get("new_files", {}).get("mib_s", {}).get("checkpoint")
+                fti = FTI_MIB_S[level].get(size)
+                out.append(f"| `{level}` | {size} MiB | {m['checkpoint']:.0f} MiB/s | "
+                           + (f"{nf:.0f} MiB/s | " if nf else "– | ")
+                           + f"{pct(e['checkpoint_fraction_of_limit'])} "
                            f"{'tmpfs' if e['limit'].startswith('tmpfs') else 'disk+fsync'} | "
-                           + (f"{FTI_LEVEL_NAME[level]} {fti:.0f} MiB/s | {e['x_fti']:.1f}× |" if fti else "– | – |")
+                           + (f"{FTI_LEVEL_NAME[level]} {fti:.0f} MiB/s | {m['checkpoint'] / fti:.1f}× | "
+                              + (f"{nf / fti:.1f}× |" if nf else "– |") if fti else "– | – | – |")
                            + f" {m['restart']:.0f} MiB/s |")
+        out.append("")
+        out.append("The ratios above set this run's figures against FTI's from another session. Within that session "
+                   "(hpcckpt's workers interleaved with FTI, ANCHORS.md) they were, at 64/256 MiB: " + "; ".join(
+                       f"{lv_} " + "/".join(f"{FTI_SESSION_X[lv_][s_]:.1f}" for s_ in sorted(FTI_SESSION_X[lv_]))
+                       + "× (new files " + "/".join(f"{FTI_SESSION_X_NEW_FILES[lv_][s_]:.1f}" for s_ in sorted(FTI_SESSION_X_NEW_FILES[lv_]))
+                       + "×)" for lv_ in FTI_SESSION_X) + ". " + "FTI's figures from an earlier session, FTI alone (ANCHORS.md, 2026-12-02), in which it ran about 2× "
+                   "slower, are not used for the ratios: " + "; ".join(
+                       f"{FTI_LEVEL_NAME[lv_]} " + "/".join(f"{FTI_MIB_S_EARLIER[lv_][s_]:.0f}" for s_ in sorted(FTI_MIB_S_EARLIER[lv_]))
+                       for lv_ in ("local", "partner", "rs", "pfs")) + " MiB/s at 64/256 MiB.")
         out.append("")
         out.append("Limits (same jobs, every rank at once, aggregate MiB/s): " + "; ".join(
             f"{size} MiB: memcpy {r['limits']['mib_s'].get('memcpy', 0):.0f}, tmpfs new {r['limits']['mib_s'].get('tmpfs_new', 0):.0f}"
@@ -86,14 +182,7 @@ def table(d):
     out.append("| target | measured | status |")
     out.append("|---|---|---|")
     for level in LEVELS:
-        xs = [(s, rows[s]["levels"][level]["x_fti"]) for s in sorted(rows)
-              if level in rows[s]["levels"] and "x_fti" in rows[s]["levels"][level]]
-        if xs:
-            fti = "/".join(f"{FTI_MIB_S[level][s]:.0f}" for s, _ in xs)
-            out.append(f"| `{level}` ≥ 2× FTI {FTI_LEVEL_NAME[level]} ({fti} MiB/s at {'/'.join(str(s) for s, _ in xs)} MiB) | "
-                       + " / ".join(f"{x:.1f}×" for _, x in xs) + f" | {mark(min(x for _, x in xs) >= 2)} |")
-        else:
-            out.append(f"| `{level}` ≥ 2× FTI | not measured | – |")
+        out.append(fti_target(rows, level, same_work_new_files=(level == "pfs")))
     for level, what, lim in (("local", "L1 ≥ 70% of the tmpfs write limit (overwrite)", 0.7),
                              ("pfs", "L4 ≥ 70% of the disk write+fsync limit", 0.7)):
         fr = [(s, rows[s]["levels"][level]["checkpoint_fraction_of_limit"]) for s in sorted(rows) if level in rows[s]["levels"]]
@@ -103,6 +192,9 @@ def table(d):
                        f" | {mark(min(f for _, f in fr) >= lim)} |")
     if cod and cod.get("summary"):
         xs = [(mib, r) for mib, r in cod["summary"].items() if "xor_fraction_of_anchor_fused" in r]
+        if not xs:
+            out.append("| XOR encode ≥ 80% of Numba-fused (13.4 / 10.0 GB/s at 64 / 512 MiB) | measured with "
+                       + "/".join(str(m) for m in cod["summary"]) + " MiB blocks only | " + mark(False, comparable=False) + " |")
         if xs:
             # the anchor was measured on an idle machine: also scale by NumPy's XOR measured side by side
             def scaled(mib, r):
@@ -136,12 +228,16 @@ def table(d):
         ours = {k: v["seconds"]["total"] for k, v in lv_rec.items()}
         node_loss = {k: ours[k] for k in ("partner", "xor", "rs") if k in ours}
         if node_loss:
-            out.append(f"| recovery after losing a node ≥ 3× faster than FTI L3 16.9 s ({rec['ranks']} ranks × {rec['mib_per_rank']} MiB) | "
-                       + ", ".join(f"{k} {v:.1f} s ({FTI_RECOVERY_S[k] / v:.1f}× FTI L3)" if k != "partner" else
-                                   f"{k} {v:.1f} s" for k, v in node_loss.items())
+            same = recovery_comparable(rec)
+            fti_l3 = FTI_RECOVERY_S["rs"]
+            out.append(f"| recovery after losing a node ≥ 3× faster than FTI L3 {fti_l3} s ({FTI_RECOVERY_RANKS} ranks × "
+                       f"{FTI_RECOVERY_MIB} MiB; FTI's 2026-12-02 session) | "
+                       + ("" if same else f"measured at {rec['ranks']} ranks × {rec['mib_per_rank']} MiB: ")
+                       + ", ".join(f"{k} {v:.1f} s" + (f" ({fti_l3 / v:.1f}× FTI L3)" if same and k != "partner" else "")
+                                   for k, v in node_loss.items())
                        + " (init + restart; restart alone: " + ", ".join(f"{k} {lv_rec[k]['seconds']['restart']:.1f} s" for k in node_loss)
-                       + f") | {mark(all(16.9 / node_loss[k] >= 3 for k in ('xor', 'rs') if k in node_loss) and rec['mib_per_rank'] == 256 and rec['ranks'] == 4)} |")
-        if "local" in ours or "pfs" in ours:
+                       + f") | {mark(all(fti_l3 / node_loss[k] >= 3 for k in ('xor', 'rs') if k in node_loss), comparable=same)} |")
+        if ("local" in ours or "pfs" in ours) and recovery_comparable(rec):
             out.append("| (for reference) recovery vs FTI L1 2.1 s / L2 4.9 s / L4 2.7 s | "
                        + ", ".join(f"{k} {ours[k]:.1f} s vs {FTI_RECOVERY_S[k]} s" for k in ("local", "partner", "pfs") if k in ours)
                        + " | – |")
@@ -189,7 +285,7 @@ def plots(d):
             fti = FTI_MIB_S[level]
             if level != "xor":
                 ax.plot(sorted(fti), [fti[s] for s in sorted(fti)], "x--", color=colors[level], alpha=0.6, ms=9,
-                        label=f"FTI {FTI_LEVEL_NAME[level]}")
+                        label=f"FTI {FTI_LEVEL_NAME[level]} (same session)")
         for key, style, name in (("tmpfs_overwrite", "k-", "limit: tmpfs overwrite"), ("tmpfs_new", "k--", "limit: tmpfs new file"),
                                  ("disk_fsync", "k:", "limit: disk write+fsync"), ("mpi_ring", "k-.", "limit: MPI ring")):
             ys = [rows[s]["limits"]["mib_s"].get(key) for s in sizes]
@@ -200,7 +296,7 @@ def plots(d):
         ax.set_xticks(sizes, [str(s) for s in sizes])
         ax.set_xlabel("MiB per rank")
         ax.set_ylabel("aggregate checkpoint bandwidth (MiB/s)")
-        ax.set_title("Checkpoint bandwidth per level, 4 ranks (FTI 1.6 dashed, limits in black)")
+        ax.set_title("Checkpoint bandwidth per level, 4 ranks (FTI 1.6 from one session with hpcckpt dashed, limits in black)")
         ax.legend(fontsize=7, ncol=2)
         ax.grid(alpha=0.3, which="both")
         made.append(save(fig, d, "levels_bandwidth.png"))

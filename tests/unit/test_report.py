@@ -1,0 +1,93 @@
+"""benchmarks/report.py: the verdicts of the targets table (no MPI, no benchmark run)."""
+import json
+
+import pytest
+
+from benchmarks import report
+from benchmarks.common import FTI_MIB_S
+
+
+def _row(size, mib_s, new_files=None, levels=("local", "partner", "xor", "rs", "pfs")):
+    """A 4-rank row of levels.json with the same checkpoint bandwidth at every level."""
+    def level():
+        e = {"mib_s": {"checkpoint": mib_s, "restart": mib_s}, "limit": "tmpfs_overwrite",
+             "checkpoint_fraction_of_limit": 0.5}
+        if new_files is not None:
+            e["new_files"] = {"mib_s": {"checkpoint": new_files}}
+        return e
+    return {"ranks": 4, "mib_per_rank": size, "levels": {lv: level() for lv in levels},
+            "limits": {"mib_s": {"memcpy": 1.0, "tmpfs_new": 1.0, "tmpfs_overwrite": 1.0, "disk_fsync": 1.0,
+                                 "mpi_ring": 1.0}}}
+
+
+def test_mark():
+    assert report.mark(True) == "**met**"
+    assert report.mark(False) == "**not met**"
+    assert report.mark(False, comparable=False) == "**not comparable**"
+    assert report.mark(True, comparable=False) == "**not comparable**"
+
+
+def test_a_size_without_an_fti_figure_is_not_comparable_never_not_met():
+    rows = {16: _row(16, 1.0, new_files=1.0)}          # far below 2x FTI, but at another size
+    for level in report.LEVELS:
+        line = report.fti_target(rows, level, same_work_new_files=(level == "pfs"))
+        assert "**not comparable**" in line and "not met" not in line, line
+        assert "16 MiB" in line
+
+
+def test_nothing_measured_is_not_measured():
+    assert "not measured" in report.fti_target({}, "local")
+
+
+def test_ratios_are_recomputed_from_the_anchors_not_read_from_the_json():
+    rows = {64: _row(64, 3 * FTI_MIB_S["local"][64]), 256: _row(256, 3 * FTI_MIB_S["local"][256])}
+    for e in rows[64]["levels"].values():
+        e["x_fti"] = 99.0                                  # a stale ratio in the JSON is ignored
+    assert report.fti_ratios(rows, "local") == [(64, pytest.approx(3.0)), (256, pytest.approx(3.0))]
+    assert report.fti_ratios(rows, "local", new_files=True) == []
+    line = report.fti_target(rows, "local")
+    assert "3.0× / 3.0×" in line and "**met**" in line and "99" not in line
+
+
+def test_only_the_sizes_with_an_anchor_are_judged():
+    rows = {16: _row(16, 1.0), 64: _row(64, 3 * FTI_MIB_S["rs"][64])}
+    line = report.fti_target(rows, "rs")
+    assert line.endswith("| **met** |") and "at 64 MiB" in line
+
+
+def test_pfs_is_judged_on_the_new_files_figure():
+    fti = FTI_MIB_S["pfs"]
+    rows = {s: _row(s, 2.5 * fti[s], new_files=1.5 * fti[s]) for s in (64, 256)}
+    line = report.fti_target(rows, "pfs", same_work_new_files=True)
+    assert "new files 1.5× / 1.5×" in line and "reuse_files = true: 2.5× / 2.5×" in line
+    assert line.endswith("| **not met** |")
+    rows = {s: _row(s, 1.5 * fti[s], new_files=2.5 * fti[s]) for s in (64, 256)}
+    assert report.fti_target(rows, "pfs", same_work_new_files=True).endswith("| **met** |")
+    # the other levels: judged on the default, the new-files verdict beside it
+    line = report.fti_target(rows, "local")
+    assert "(new files: " in line and "; new files **" in line
+
+
+def test_pfs_without_a_new_files_pass_is_not_judged():
+    fti = FTI_MIB_S["pfs"]
+    rows = {s: _row(s, 2.5 * fti[s]) for s in (64, 256)}
+    line = report.fti_target(rows, "pfs", same_work_new_files=True)
+    assert line.endswith("| – |") and "not measured" in line
+
+
+def _recovery(tmp_path, ranks, mib):
+    lv = {k: {"seconds": {"total": 1.0, "restart": 0.8, "init": 0.2}} for k in ("local", "partner", "xor", "rs", "pfs")}
+    (tmp_path / "recovery.json").write_text(json.dumps({"machine": {"date": "2026-12-04T00:00", "cpu": "x", "nproc": 2,
+                                                                    "loadavg": [1.0, 1.0, 1.0]},
+                                                        "ranks": ranks, "mib_per_rank": mib, "levels": lv}))
+    return [ln for ln in report.table(str(tmp_path)).splitlines() if ln.startswith("| recovery after losing a node")][0]
+
+
+def test_a_recovery_at_another_size_is_not_comparable(tmp_path):
+    line = _recovery(tmp_path, 4, 16)          # 16.9x faster than FTI, but at 16 MiB per rank
+    assert line.endswith("| **not comparable** |") and "not met" not in line
+    assert "measured at 4 ranks × 16 MiB" in line
+
+
+def test_a_recovery_at_the_anchor_size_is_judged(tmp_path):
+    assert _recovery(tmp_path, 4, 256).endswith("| **met** |")
