@@ -20,7 +20,8 @@ unset HPCCKPT_MPI            # HPCCKPT_<KEY> variables are configuration keys fo
 
 # The Open MPI stage of `./run.sh test` (a few minutes): every kind of job once -- launch, kill,
 # restart, each level, N->M pfs restarts, the command line, the guest rules, state dicts,
-# aborts -- and a sample of the fault matrix (its default subset). Edit it here only.
+# aborts -- a sample of the fault matrix (its default subset) and the virtual-cluster tests
+# (nodes as namespaces, about 90 s). Edit it here only.
 OPENMPI_TESTS=(
   tests/unit/test_launch_logic.py
   tests/mpi/test_mpi_launch.py
@@ -37,23 +38,36 @@ OPENMPI_TESTS=(
   "tests/mpi/test_fault_matrix.py::test_fault[xor-8r8n-lose-2-diff-groups]"
   "tests/mpi/test_fault_matrix.py::test_fault[rs-6r6n-lose-3-same-group]"
   "tests/mpi/test_fault_matrix.py::test_fault[pfs-4r2n-kill@pfs-renamed]"
+  tests/vcluster
 )
 
 setup() {   # setup VENV EXTRA: create (or reuse) VENV with hpcckpt[EXTRA,test]; put it first on PATH
   local venv=$1 extra=$2
   if [ ! -x "$venv/bin/python" ]; then
-    "$PY" -m venv "$venv"
+    "$PY" -m venv "$venv" || { echo "run.sh: $PY -m venv $venv failed" >&2; exit 1; }
   fi
   # Re-install only when the package metadata changed (a stamp beside the venv).
   local stamp="$venv/.hpcckpt-installed" want
   want=$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-16)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    "$venv/bin/python" -m pip install -q --upgrade pip
-    "$venv/bin/python" -m pip install -q -e ".[$extra,test]"
+    # explicit exits: setup also runs where set -e is off (openmpi_stage ... || rc2=$?)
+    "$venv/bin/python" -m pip install -q --upgrade pip || { echo "run.sh: pip upgrade in $venv failed" >&2; exit 1; }
+    "$venv/bin/python" -m pip install -q -e ".[$extra,test]" ||
+      { echo "run.sh: pip install -e '.[$extra,test]' into $venv failed" >&2; exit 1; }
     echo "$want" > "$stamp"
   fi
   export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-$PWD/.numba-cache}
-  export PATH="$PWD/$venv/bin:$BASE_PATH"
+  case $venv in /*) export PATH="$venv/bin:$BASE_PATH" ;; *) export PATH="$PWD/$venv/bin:$BASE_PATH" ;; esac
+  # The Numba kernels, compiled once per installation into NUMBA_CACHE_DIR (docs/CODECS.md
+  # "Start-up"); about 0.6 s when the cache is warm. One line here; its whole report on failure.
+  local out
+  if ! out=$("$venv/bin/hpcckpt" warmup 2>&1); then
+    echo "$out" >&2
+    echo "run.sh: '$venv/bin/hpcckpt warmup' failed (NUMBA_CACHE_DIR=$NUMBA_CACHE_DIR); see above" >&2
+    exit 1
+  fi
+  echo "== hpcckpt warmup ($venv): $(grep -c 'compiled and cached' <<<"$out") kernel(s) compiled," \
+       "$(grep -c 'loaded from the cache' <<<"$out") loaded from $NUMBA_CACHE_DIR"
 }
 BASE_PATH=$PATH
 MPICH_VENV=${HPCCKPT_VENV:-.venv}

@@ -23,6 +23,8 @@ What differs between the MPIs, measured on these machines (docs/MPI.md):
   SIGKILL leaves ``/dev/shm/sm_segment.*`` and ``$TMPDIR/ompi.<pid>/``; every singleton (a
   Python that initialises MPI without mpiexec) leaves a 16 MiB ``/dev/shm/sm_segment.*`` and
   an empty ``$TMPDIR/ompi.<host>.<uid>/jf.0/<n>/``.
+- **Intel MPI** 2021 (hydra, PyPI ``impi-rt``): a rank killed by any signal makes ``mpiexec``
+  exit 255.
 
 Leftovers are removed only when they appeared during our job AND no live process maps them,
 holds them open or works inside them: deleting the segment of another job that is starting at
@@ -56,6 +58,7 @@ class Flavour:
     name: str                       # "mpich", "openmpi", "intelmpi", "unknown"
     title: str                      # for people: "MPICH", "Open MPI", ...
     killed_offset: int              # mpiexec's exit status for a rank killed by signal N is offset + N
+    killed_fixed: int = None        # ... or this one status whatever the signal (Intel MPI's hydra: 255)
     root_env: tuple = ()            # (variable, value) needed to start as root
     oversubscribe_env: tuple = ()   # (variable, value) allowing more ranks than cores
     oversubscribe_set_by: tuple = ()    # variables that, when set by the user, already decide it
@@ -77,8 +80,8 @@ FLAVOURS = {
                        leftovers=(("shm", "sm_segment.*", "file"), ("tmp", "ompi.[0-9]*", "session"),
                                   ("tmp", "ompi.*.*/jf.*/*", "emptydir")),
                        info_tools=("ompi_info",), srun_mpi="pmix"),
-    # Intel MPI's hydra reports a killed rank like MPICH's (docs/MPI.md says what was tried)
-    "intelmpi": Flavour("intelmpi", "Intel MPI", 0, leftovers=(("shm", "shm-col-space-*", "file"),),
+    # Intel MPI 2021 (PyPI impi-rt): mpiexec exits 255 for a rank killed by any signal (docs/MPI.md)
+    "intelmpi": Flavour("intelmpi", "Intel MPI", 0, killed_fixed=255, leftovers=(("shm", "shm-col-space-*", "file"),),
                         info_tools=("impi_info",), srun_mpi="pmi2"),
     "unknown": Flavour("unknown", "an unknown MPI", 0),
 }
@@ -138,7 +141,10 @@ class MPI:
         return env
 
     def killed_status(self, sig=signal.SIGKILL):
-        """mpiexec's exit status when a rank is killed by ``sig`` (MPICH: N, Open MPI: 128 + N)."""
+        """mpiexec's exit status when a rank is killed by ``sig`` (MPICH: N, Open MPI: 128 + N,
+        Intel MPI: 255)."""
+        if self.flavour.killed_fixed is not None:
+            return self.flavour.killed_fixed
         return self.flavour.killed_offset + int(sig)
 
     @property

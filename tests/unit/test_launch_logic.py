@@ -72,6 +72,8 @@ def test_mpich_env_adds_nothing(monkeypatch):
 def test_killed_statuses():
     assert mpi("mpich").killed_status() == 9 and mpi("openmpi").killed_status() == 137
     assert mpi("openmpi").killed_status(signal.SIGTERM) == 143
+    assert mpi("intelmpi").killed_status() == mpi("intelmpi").killed_status(signal.SIGTERM) == 255
+    assert mpi("intelmpi").rank_killed(255) and not mpi("intelmpi").rank_killed(9)
     assert mpi("mpich").rank_killed(9) and not mpi("mpich").rank_killed(137)
     assert mpi("openmpi").rank_killed(137) and not mpi("openmpi").rank_killed(9)
     assert mpi("openmpi").rank_killed(137, signal.SIGKILL) and not mpi("openmpi").rank_killed(143, signal.SIGKILL)

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from hpcckpt import mpi_launch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 VCLUSTER = os.path.join(REPO, "jobs", "vcluster")
@@ -93,6 +95,7 @@ class Cluster:
     def __init__(self, name, nnodes):
         self.name, self.nnodes = name, nnodes
         self.nodes = [f"n{i}" for i in range(1, nnodes + 1)]
+        self.mpi = mpi_launch.detect(mpiexec_path()) if mpiexec_path() else None
         self.env = {"VCLUSTER_NAME": name, "VCLUSTER_MPIEXEC": mpiexec_path(), "PYTHONUNBUFFERED": "1",
                     "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
                     "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}   # 8 ranks on 2 cores: waiting ranks yield
@@ -128,9 +131,13 @@ class Cluster:
         if nodes:
             cmd += ["--nodes", ",".join(nodes)]
         cmd += ["--", sys.executable, os.path.join(APPS, app), *args]
-        res = run(cmd, timeout, self.env)
+        # the nodes' /dev/shm go with their tmpfs; /tmp is the host's: what a killed job leaves
+        # there (MPICH's hydra_hwloc_xmlfile_*, Open MPI's session dirs) is removed after the job
+        with self.mpi.cleanup():
+            res = run(cmd, timeout, self.env)
+            if res.timed_out:
+                self.vc("killprocs", check=False)
         if res.timed_out:
-            self.vc("killprocs", check=False)
             raise AssertionError(f"MPI job timed out after {timeout} s (process group and node processes killed):\n{res}")
         return res
 
