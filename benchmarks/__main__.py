@@ -29,6 +29,7 @@ SUITE = {
     "numba": ("bench_numba", "Numba start-up with a cold and a warm cache"),
 }
 OPTIONAL = {"pfs": ("bench_pfs", "pfs level internals: node files and restore"),
+            "overhead": ("bench_overhead", "end-to-end: a heat-equation loop at the Daly interval, with vs without checkpoints"),
             "calls": ("bench_calls", "per-call cost and bytes per rank at 2-16 ranks; start-up placement at simulated P")}
 
 
