@@ -1,4 +1,4 @@
-"""Checksums of checkpoint data (local). xxh3-64: ~13 GB/s here, ~50 GB/s on cache-hot chunks."""
+"""Checksums of checkpoint data (local): XXH3-64 (docs/CODECS.md; its speed: docs/BENCHMARKS.md)."""
 import xxhash
 
 ALGORITHM = "xxh3_64"
