@@ -218,6 +218,29 @@ def _write_pieces(fd, arrays, layout, chunk, fault):
     return digests
 
 
+def _load_sync_file_range():
+    try:
+        import ctypes
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):       # not Linux / not glibc: writeback starts at fsync
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _load_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def start_writeback(fd, offset, nbytes):
+    """Local: ask the kernel to start writing ``nbytes`` at ``offset`` of ``fd`` to the device now
+    (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``: it does not wait and makes nothing
+    durable; the fsync that follows does, with less left to write). A no-op where unsupported."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)   # advisory: its errors are the fsync's
+
+
 def pwrite_all(fd, view, offset):
     """Write all of ``view`` at ``offset`` (local)."""
     view = memoryview(view)

@@ -57,6 +57,11 @@ from . import pfs_files as files
 from .pfs_index import (GLOBAL_LAYOUTS, MARKER, MASTER, TRASH, SHARED_LAYOUTS, Block, Entry, Index, id_ok,
                         listing as _listing, max_index_bytes, read_index)
 
+WRITE_PIECE = 8 << 20
+"""Bytes per pwrite of the node files (at least ``io_chunk``); the kernel starts writing each
+piece to the device right after it (storage.start_writeback), so that the final fsync has less
+left to do (docs/PFS.md, "The flush protocol")."""
+
 log = logging.getLogger("hpcckpt")
 __all__ = ["PfsStore", "Item", "items_from_arrays", "items_from_manifest", "listing", "remove_step_dir", "MARKER",
            "MASTER"]
@@ -254,7 +259,8 @@ class PfsStore:
         """Collective over the node: the aggregator lays out the node file, every rank writes its
         own bytes at their offsets, the aggregator fsyncs; returns the file size (aggregator)."""
         views = [storage.byte_view(it.array) for it in mine]
-        pieces = sum(-(-v.nbytes // self.chunk) for v in views)
+        piece = max(self.chunk, WRITE_PIECE)
+        pieces = sum(-(-v.nbytes // piece) for v in views)
         fault = faults.HalfWay("pfs-write", self.rank, step, max(1, pieces // 2)) if faults.active() else None
         path = os.path.join(tmp, lay.node_file(self.node))
         error, offsets = None, None
@@ -270,8 +276,9 @@ class PfsStore:
                 try:
                     for it, view in zip(mine, views):
                         at = offsets[(self.rank, it.name)]
-                        for start in range(0, view.nbytes, self.chunk):
-                            storage.pwrite_all(fd, view[start:start + self.chunk], at + start)
+                        for start in range(0, view.nbytes, piece):
+                            storage.pwrite_all(fd, view[start:start + piece], at + start)
+                            storage.start_writeback(fd, at + start, min(piece, view.nbytes - start))
                             if fault is not None:
                                 fault()
                 finally:
