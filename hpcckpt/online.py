@@ -1,0 +1,311 @@
+"""Online recovery: a job that loses ranks (or whole nodes) goes on without being relaunched.
+
+``hpcckpt.online.run(comm, init, step, nsteps, spares=S, config=..., **overrides)`` (collective
+over ``comm``, usually MPI.COMM_WORLD) splits the processes into ``comm.size - S`` workers and
+``S`` spares (Fenix's model: spares are started with the job and wait). The workers run the
+application's loop::
+
+    state = init(workers)                      # local: this rank's state at step 0 (a dict)
+    for i in range(first, nsteps):
+        step(workers, state, i)                # the application's step: collective on workers
+        level = ckpt.need_checkpoint(i)        # the Checkpointer's policy (config: schedule, ...)
+        if level:
+            ckpt.checkpoint(i, state, level=level)
+
+When a process fails (ULFM reports ``MPI.ERR_PROC_FAILED`` / ``ERR_REVOKED`` in any call of any
+rank, the application's or hpcckpt's), every process that sees it revokes the communicators
+(so that no other process stays blocked), abandons its Checkpointer locally, and all the
+survivors, spares included, shrink the world, learn from one allgather who is gone, and give
+each lost worker number to a spare (``Split`` with key = that number): the new worker
+communicator has the original size and order. A new Checkpointer on it restarts every rank from
+the newest checkpoint (survivors from their node cache; a spare that took rank r's number reads
+rank r's node cache, or is rebuilt from partner copies / parity when that node is lost; the pfs
+only when no cheaper level has it), and the loop resumes at the next step. An agreement (ULFM
+``Agree``) confirms each recovery; a failure during one starts it again.
+
+Every wait is bounded: the shrink, the allgather and the agreement of a recovery are polled
+until ``recovery_timeout``; spares poll their receive. When the failures outnumber the spares,
+every survivor raises OnlineRecoveryError (nothing is restored: never wrong data).
+
+Needs an MPI with ULFM: Open MPI 5 launched with ``mpirun --with-ft ulfm --mca pml ob1 --mca btl
+tcp,self`` (``hpcckpt.mpi_launch``: ``command(n, argv, fault_tolerant=True)``); anything else is
+refused up front with ULFMUnsupportedError. docs/ONLINE.md tells the whole model.
+"""
+import dataclasses
+import logging
+import os
+import time
+
+import numpy as np
+
+from .errors import HpcCkptError, OnlineRecoveryError, ULFMUnsupportedError
+
+log = logging.getLogger("hpcckpt")
+
+TAG_DONE = 0x0D0E          # worker 0 -> each spare: the job is over
+POLL = 0.01                # seconds between two tests of a pending request
+
+
+@dataclasses.dataclass
+class Recovery:
+    """One online recovery, as every process of the recovered job knows it."""
+    lost: tuple            # the worker numbers (ranks of the worker communicator) that were lost
+    replaced_by: tuple     # the world ranks (of the original communicator) of the spares that took them
+    restarted_from: object  # the step restored (None: no checkpoint yet, the state from init)
+    seconds: float         # from this process's detection to the restored state
+    attempts: int          # shrink/agree rounds it took (more than 1: a failure during the recovery)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What ``run`` returns on every process that is left at the end."""
+    worker: bool           # False: a spare that was never needed (``state`` and ``comm`` are None)
+    comm: object           # the final worker communicator (the application may use it, then Free it)
+    state: dict            # this worker's state after the last step
+    recoveries: list       # [Recovery], oldest first
+    spares_left: int
+
+
+def check_support(comm=None):
+    """Local: raise ULFMUnsupportedError unless this MPI and this launch can recover online."""
+    from mpi4py import MPI
+    from .comm import FAILURE_CLASSES
+    version = MPI.Get_library_version()
+    if "Open MPI" in version:
+        flag = os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower()
+        if flag in ("1", "true", "yes", "on") and FAILURE_CLASSES:
+            return
+        raise ULFMUnsupportedError(
+            "online recovery needs Open MPI's fault tolerance switched on at launch: mpirun --with-ft ulfm "
+            "--mca pml ob1 --mca btl tcp,self ... (hpcckpt.mpi_launch: command(n, argv, fault_tolerant=True)); "
+            "this job was started without it (OMPI_MCA_mpi_ft_enable is not set)")
+    from .mpi_launch import ulfm_refusal
+    title = version.split(",")[0].split("\n")[0].strip() or "this MPI"
+    raise ULFMUnsupportedError(ulfm_refusal(title))
+
+
+def run(comm, init, step, nsteps, *, spares=1, config=None, recovery_timeout=60.0, on_recovery=None,
+        **overrides):
+    """Collective over ``comm``: run ``step(workers, state, i)`` for i in [first, nsteps) on
+    ``comm.size - spares`` workers, checkpointing as the Checkpointer's policy says, recovering
+    online from failed processes. Returns an Outcome on every process left at the end.
+
+    ``init(workers)`` (local) returns this worker's state dict at step 0 (NumPy arrays and small
+    values, as ``Checkpointer.checkpoint(state=...)`` takes); it is also called on a spare that
+    becomes rank r (a template of the right shapes, filled by the restart). ``config`` and
+    ``overrides`` are the Checkpointer's. ``on_recovery(Recovery)`` (local) is called on every
+    worker after each recovery. Raises ULFMUnsupportedError (before any communication) without
+    ULFM, OnlineRecoveryError on every survivor when the job cannot go on."""
+    check_support(comm)
+    if not callable(init) or not callable(step):
+        raise TypeError("online.run(comm, init, step, nsteps, ...): init and step must be callables")
+    if int(spares) < 0 or int(spares) >= comm.size:
+        raise HpcCkptError(f"spares = {spares}: needs 0 <= spares < the {comm.size} processes")
+    return _Loop(comm, init, step, int(nsteps), int(spares), config, overrides, float(recovery_timeout),
+                 on_recovery).run()
+
+
+class _Loop:
+    def __init__(self, comm, init, step, nsteps, spares, config, overrides, timeout, on_recovery):
+        from mpi4py import MPI
+        self.MPI = MPI
+        self.init, self.step, self.nsteps = init, step, nsteps
+        self.config, self.overrides, self.timeout, self.on_recovery = config, dict(overrides), timeout, on_recovery
+        self.world = comm.Dup()                 # the library's own: all live processes, spares included
+        self.world.Set_errhandler(MPI.ERRORS_RETURN)
+        self.me = comm.rank                     # this process's rank in the original communicator
+        self.nworkers = comm.size - spares
+        self.logical = self.me if self.me < self.nworkers else -1     # worker number, -1: a spare
+        self.workers = self._split(self.world)
+        self.ckpt = None
+        self.state = None
+        self.committed = False                  # this run has committed or restored a checkpoint
+        self.recoveries = []
+        self.pending = None                     # the Recovery in progress (its seconds: the detection time)
+        self._wranks = None
+
+    # ------------------------------------------------------------------ the roles
+    def run(self):
+        fresh = True
+        while True:
+            try:
+                if self.logical >= 0:
+                    self._work(fresh)
+                    self._finish()
+                    return Outcome(True, self.workers, self.state, self.recoveries, self._spares_left())
+                if self._wait_as_spare():
+                    self.world.Free()
+                    return Outcome(False, None, None, self.recoveries, self._spares_left())
+            except Exception as e:  # noqa: BLE001 - only process failures are recovered; the rest re-raised
+                from .comm import is_process_failure
+                if not is_process_failure(e):
+                    raise
+                t0 = time.perf_counter()
+                log.warning("process failure seen on world rank %d (%s); recovering online", self.me,
+                            _short(e))
+                self._recover(t0)
+                fresh = False
+
+    def _split(self, parent):
+        """Collective over ``parent``: the worker communicator, ordered by worker number
+        (COMM_NULL on spares)."""
+        MPI = self.MPI
+        w = parent.Split(0 if self.logical >= 0 else MPI.UNDEFINED, max(self.logical, 0))
+        if w != MPI.COMM_NULL:
+            w.Set_errhandler(MPI.ERRORS_RETURN)
+        return w
+
+    def _work(self, fresh):
+        """Collective over the workers: (re)open the Checkpointer, restart, run the steps."""
+        from .checkpointer import Checkpointer
+        overrides = dict(self.overrides)
+        if not fresh and self.committed:
+            overrides["start"] = "resume"     # this run's checkpoints: a start = "fresh" run resumes them
+        if self.state is None:
+            self.state = self.init(self.workers)
+        self.ckpt = Checkpointer(self.workers, self.config, **overrides)
+        first = self.ckpt.restart(self.state)
+        if first is None and not fresh:
+            self.state = self.init(self.workers)          # nothing to restore: from the start
+        if first is not None:
+            self.committed = True
+        if self.pending is not None:
+            r, self.pending = self.pending, None
+            r.restarted_from, r.seconds = first, time.perf_counter() - r.seconds
+            self.recoveries.append(r)
+            if self.on_recovery is not None:
+                self.on_recovery(r)
+        for i in range(0 if first is None else first + 1, self.nsteps):
+            self.step(self.workers, self.state, i)
+            level = self.ckpt.need_checkpoint(i)
+            if level:
+                self.ckpt.checkpoint(i, self.state, level=level)
+                self.committed = True
+        self.ckpt.close()
+        self.ckpt = None
+
+    def _finish(self):
+        """Collective over the workers: the job is over; worker 0 tells each spare left."""
+        self.workers.Barrier()
+        if self.logical == 0:
+            for r in range(self.world.size):
+                if r not in self._worker_world_ranks():
+                    self.world.Send(np.zeros(1, np.int64), dest=r, tag=TAG_DONE)
+
+    def _worker_world_ranks(self):
+        if self._wranks is None:
+            g = self.workers.Get_group()
+            self._wranks = set(self.MPI.Group.Translate_ranks(g, list(range(self.workers.size)),
+                                                             self.world.Get_group()))
+        return self._wranks
+
+    def _wait_as_spare(self):
+        """Local (polling): True when the workers said the job is over; raises the MPI error of
+        a process failure (or of the revoked world) when a spare is needed."""
+        buf = np.zeros(1, np.int64)
+        req = self.world.Irecv(buf, source=self.MPI.ANY_SOURCE, tag=TAG_DONE)
+        while not req.Test():
+            time.sleep(POLL)
+        return True
+
+    def _spares_left(self):
+        return self.world.size - self.nworkers if self.world != self.MPI.COMM_NULL else 0
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self, t0):
+        """Collective over the survivors (after revocation): a new world and worker communicator
+        of the original size, spares in the lost numbers. Raises OnlineRecoveryError on every
+        survivor when it cannot."""
+        from .checkpointer import revoke
+        MPI = self.MPI
+        if self.ckpt is not None:
+            self.ckpt.abandon()
+            self.ckpt = None
+        if self.workers != MPI.COMM_NULL:
+            revoke(self.workers)
+        revoke(self.world)
+        deadline = time.monotonic() + self.timeout
+        old = self.world
+        attempts = 0
+        while True:
+            attempts += 1
+            world = old.Shrink()       # blocking: Open MPI 5.0's Ishrink request fails (MPI_ERR_INTERN)
+            world.Set_errhandler(MPI.ERRORS_RETURN)
+            ok, decision = 1, None
+            try:
+                mine = np.array([self.logical, self.me, 1 if self.committed else 0], np.int64)
+                table = np.empty((world.size, 3), np.int64)
+                self._bounded(lambda: (None, world.Iallgather(mine, table)), deadline, "learning who is left")
+                decision = self._decide(table)
+                if decision[0] is None:
+                    new_logical = self.logical if self.logical >= 0 else decision[1].get(self.me, -1)
+                    saved = self.logical
+                    self.logical = new_logical
+                    try:
+                        workers = self._split(world)
+                    finally:
+                        self.logical = saved
+            except MPI.Exception:
+                ok = 0
+                revoke(world)
+            flag = np.array([ok], np.int32)
+            try:
+                self._bounded(lambda: (None, world.Iagree(flag)), deadline, "agreeing on the recovery")
+                ok = int(flag[0])
+            except MPI.Exception:
+                ok = 0
+            if not ok:
+                revoke(world)
+                old = world
+                log.warning("a failure during the recovery (world rank %d): shrinking again", self.me)
+                continue
+            break
+        error, assign, committed = decision
+        if error is not None:
+            raise _collective(OnlineRecoveryError(error))
+        if self.logical < 0:
+            self.logical = assign.get(self.me, -1)
+        self.world, self.workers, self.committed, self._wranks = world, workers, committed, None
+        self.pending = Recovery(tuple(sorted(assign.values())), tuple(sorted(assign)), None, t0, attempts)
+        if self.logical == 0:
+            log.warning("online recovery: worker rank(s) %s lost, taken by spare(s) %s (world ranks); %d spare(s) "
+                        "left; %d attempt(s); restarting from the newest checkpoint", list(self.pending.lost),
+                        list(self.pending.replaced_by), self._spares_left(), attempts)
+
+    def _decide(self, table):
+        """Local, the same on every survivor (same table): (error or None, {spare world rank:
+        worker number it takes}, committed)."""
+        present = {int(lg) for lg, _, _ in table if lg >= 0}
+        missing = sorted(set(range(self.nworkers)) - present)
+        spare_ranks = sorted(int(me) for lg, me, _ in table if lg < 0)
+        committed = bool(max(int(c) for _, _, c in table))
+        if len(missing) > len(spare_ranks):
+            return (f"{len(missing)} of the {self.nworkers} worker ranks are lost (numbers "
+                    f"{', '.join(map(str, missing[:16]))}) and only {len(spare_ranks)} spare process"
+                    f"{'es are' if len(spare_ranks) != 1 else ' is'} left: the job cannot go on online. "
+                    f"Relaunch it (it restarts from the newest checkpoint), with more spares "
+                    f"(online.run(..., spares=S)) to survive this", {}, committed)
+        return None, dict(zip(spare_ranks, missing)), committed
+
+    def _bounded(self, start, deadline, what):
+        """Local polling of a nonblocking MPI call until ``deadline``: ``start()`` returns
+        (result, request); returns the result. OnlineRecoveryError when time is up."""
+        out = start()
+        result, req = out if isinstance(out, tuple) else (None, out)
+        while not req.Test():
+            if time.monotonic() > deadline:
+                raise _collective(OnlineRecoveryError(
+                    f"online recovery: {what} did not complete within recovery_timeout = {self.timeout:g} s "
+                    f"(world rank {self.me}); the job cannot go on online"))
+            time.sleep(POLL)
+        return result
+
+
+def _collective(exc):
+    from .comm import mark_collective
+    return mark_collective(exc)
+
+
+def _short(exc):
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) < 200 else text[:200] + "…"
