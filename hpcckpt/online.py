@@ -44,6 +44,7 @@ log = logging.getLogger("hpcckpt")
 
 TAG_DONE = 0x0D0E          # worker 0 -> each spare: the job is over
 POLL = 0.01                # seconds between two tests of a pending request
+FINALIZE_TIMEOUT = 5.0     # seconds MPI_Finalize gets at exit once a failure was seen (see _bound_finalize)
 
 
 @dataclasses.dataclass
@@ -101,8 +102,12 @@ def run(comm, init, step, nsteps, *, spares=1, config=None, recovery_timeout=60.
         raise TypeError("online.run(comm, init, step, nsteps, ...): init and step must be callables")
     if int(spares) < 0 or int(spares) >= comm.size:
         raise HpcCkptError(f"spares = {spares}: needs 0 <= spares < the {comm.size} processes")
-    return _Loop(comm, init, step, int(nsteps), int(spares), config, overrides, float(recovery_timeout),
-                 on_recovery).run()
+    try:
+        return _Loop(comm, init, step, int(nsteps), int(spares), config, overrides, float(recovery_timeout),
+                     on_recovery).run()
+    except BaseException:
+        _FINALIZE["status"] = 1
+        raise
 
 
 class _Loop:
@@ -141,6 +146,7 @@ class _Loop:
                 if not is_process_failure(e):
                     raise
                 t0 = time.perf_counter()
+                _bound_finalize(min(self.timeout, FINALIZE_TIMEOUT))
                 log.warning("process failure seen on world rank %d (%s); recovering online", self.me,
                             _short(e))
                 self._recover(t0)
@@ -229,7 +235,10 @@ class _Loop:
         attempts = 0
         while True:
             attempts += 1
-            world = old.Shrink()       # blocking: Open MPI 5.0's Ishrink request fails (MPI_ERR_INTERN)
+            with _Watchdog(deadline, f"online recovery: shrinking the world did not complete within "
+                                     f"recovery_timeout = {self.timeout:g} s (world rank {self.me}); ending this "
+                                     f"process: the job cannot go on online"):
+                world = old.Shrink()   # blocking: the request of Open MPI 5.0's Ishrink fails (MPI_ERR_INTERN)
             world.Set_errhandler(MPI.ERRORS_RETURN)
             ok, decision = 1, None
             try:
@@ -299,6 +308,80 @@ class _Loop:
                     f"(world rank {self.me}); the job cannot go on online"))
             time.sleep(POLL)
         return result
+
+
+class _Watchdog:
+    """``with _Watchdog(deadline, message):`` a blocking MPI call that cannot be polled: past
+    ``deadline`` (time.monotonic) a timer thread prints ``message`` to stderr and ends this
+    process with exit status 3 (no MPI call from the thread)."""
+
+    def __init__(self, deadline, message):
+        import threading
+        self.timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._fire, args=(message,))
+        self.timer.daemon = True
+
+    @staticmethod
+    def _fire(message):
+        os.write(2, f"hpcckpt: {message}\n".encode())
+        os._exit(3)
+
+    def __enter__(self):
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.timer.cancel()
+        return False
+
+
+_FINALIZE = {"registered": False, "status": 0}
+
+
+def _bound_finalize(timeout):
+    """Local, once per process after a failure was seen: MPI_Finalize is called at exit from an
+    atexit handler, with ``timeout`` seconds to complete. Open MPI 5.0.11's MPI_Finalize sometimes
+    never returns in a job that lost a process (ompi_mpi_finalize spins); past the bound this
+    process flushes its output and ends with the status it was ending with (0, or 1 when
+    online.run raised)."""
+    if _FINALIZE["registered"]:
+        return
+    _FINALIZE["registered"] = True
+    import atexit
+    atexit.register(_finalize_within, timeout)
+
+
+def _finalize_within(timeout):
+    import sys
+    import threading
+    from mpi4py import MPI
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+
+    def give_up():
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(_FINALIZE["status"])
+    timer = threading.Timer(timeout, give_up)
+    timer.daemon = True
+    timer.start()
+    try:     # through ctypes, which releases the GIL (mpi4py's Finalize keeps it: the timer could not run)
+        import ctypes
+        ctypes.CDLL(_libmpi()).MPI_Finalize()
+    except OSError:
+        MPI.Finalize()
+    timer.cancel()
+
+
+def _libmpi():
+    """The file name of the MPI library mpi4py is linked against (already loaded in this process)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if "/libmpi.so" in path:
+                return path
+    raise OSError("libmpi not found among the loaded libraries")
 
 
 def _collective(exc):

@@ -8,7 +8,8 @@ the worker communicator each step), driven by tests/mpi/test_online.py.
   --config-json JSON                         extra Checkpointer keyword arguments
 Prints "RECOVERED <json>" on worker 0 after each recovery, "DONE <json>" on worker 0 at the end,
 "SPARE-DONE" on each spare never used; worker 0 writes the whole final field to --out (.npy).
-An OnlineRecoveryError prints "ONLINE-ERROR <message>" on each survivor and exits 3.
+An OnlineRecoveryError prints "ONLINE-ERROR <message>" on each survivor and exits 3; without
+ULFM each rank prints "REFUSED <message>" and exits 2.
 """
 import argparse
 import json
@@ -99,6 +100,9 @@ try:
 except hpcckpt.OnlineRecoveryError as e:
     say(f"ONLINE-ERROR {e}")
     raise SystemExit(3)
+except hpcckpt.ULFMUnsupportedError as e:
+    say(f"REFUSED {e}")
+    raise SystemExit(2)
 if not out.worker:
     say("SPARE-DONE")
 else:
