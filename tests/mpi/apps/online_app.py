@@ -50,6 +50,7 @@ def say(line):
 
 def init(comm):
     r = comm.rank
+    MPI_rank_is_zero[0] = r == 0
     u = np.sin(np.arange(a.n, dtype=np.float64) * (r + 1) * 1e-3) + r
     return {"u": u, "total": np.zeros((), np.float64)}
 
@@ -77,13 +78,14 @@ def step(comm, state, i):
     state["total"][...] = total[0]
 
 
+MPI_rank_is_zero = [False]
+
+
 def recovered(r):
     if MPI_rank_is_zero[0]:
         say("RECOVERED " + json.dumps({"lost": list(r.lost), "by": list(r.replaced_by),
                                        "from": r.restarted_from, "seconds": r.seconds, "attempts": r.attempts}))
 
-
-MPI_rank_is_zero = [False]
 
 
 def step_and_note(comm, state, i):
