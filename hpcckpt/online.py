@@ -38,6 +38,7 @@ import time
 
 import numpy as np
 
+from . import faults
 from .errors import HpcCkptError, OnlineRecoveryError, ULFMUnsupportedError
 
 log = logging.getLogger("hpcckpt")
@@ -239,6 +240,7 @@ class _Loop:
                                      f"recovery_timeout = {self.timeout:g} s (world rank {self.me}); ending this "
                                      f"process: the job cannot go on online"):
                 world = old.Shrink()   # blocking: the request of Open MPI 5.0's Ishrink fails (MPI_ERR_INTERN)
+            faults.hit("recover", self.logical)     # tests: a failure during the recovery
             world.Set_errhandler(MPI.ERRORS_RETURN)
             ok, decision = 1, None
             try:

@@ -21,14 +21,14 @@ needs_ulfm = pytest.mark.skipif(not ULFM, reason=f"{mpi().flavour.title} has no 
 WORKERS, STEPS = 4, 30
 
 
-def job(tmp, spares, *args, level="local", rpn=1, config=None, timeout=90):
+def job(tmp, spares, *args, level="local", rpn=1, config=None, timeout=90, env=None):
     out = os.path.join(tmp, "field.npy")
     argv = ["--spares", str(spares), "--steps", str(STEPS), "--every", "5", "--level", level,
             "--cache", os.path.join(tmp, "cache", "node{node}"), "--rpn", str(rpn), "--out", out,
             "--timeout", "40", *args]
     if config:
         argv += ["--config-json", json.dumps(config)]
-    res = run_mpi(WORKERS + spares, "online_app.py", *argv, timeout=timeout, fault_tolerant=True)
+    res = run_mpi(WORKERS + spares, "online_app.py", *argv, timeout=timeout, fault_tolerant=True, env=env)
     return res, out
 
 
@@ -89,6 +89,14 @@ def test_whole_node_lost(tmp_path, reference):
 def test_second_failure_after_recovery(tmp_path, reference):
     recs, _ = recovered(tmp_path, reference, 2, "--kill", "1:12,3:22", recoveries=2)
     assert [r["lost"] for r in recs] == [[1], [3]] and [r["from"] for r in recs] == [9, 19]
+
+
+@needs_ulfm
+def test_failure_during_the_recovery(tmp_path, reference):
+    # rank 1 is killed at step 12; during that recovery (after the shrink) worker 2 dies too: the
+    # agreement fails, the survivors shrink again and both numbers go to the two spares
+    recs, _ = recovered(tmp_path, reference, 2, "--kill", "1:12", env={"_HPCCKPT_FAULT": "recover:2"})
+    assert recs[0]["lost"] == [1, 2] and recs[0]["from"] == 9 and recs[0]["attempts"] >= 2
 
 
 @needs_ulfm
