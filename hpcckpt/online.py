@@ -56,6 +56,7 @@ class Recovery:
     restarted_from: object  # the step restored (None: no checkpoint yet, the state from init)
     seconds: float         # from this process's detection to the restored state
     attempts: int          # shrink/agree rounds it took (more than 1: a failure during the recovery)
+    restored_at: float = None   # time.time() when this process had its state restored
 
 
 @dataclasses.dataclass
@@ -75,7 +76,7 @@ def check_support(comm=None):
     version = MPI.Get_library_version()
     if "Open MPI" in version:
         flag = os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower()
-        if flag in ("1", "true", "yes", "on") and FAILURE_CLASSES:
+        if flag in ("1", "true", "yes", "on") and MPI.ERR_PROC_FAILED in FAILURE_CLASSES:
             return
         raise ULFMUnsupportedError(
             "online recovery needs Open MPI's fault tolerance switched on at launch: mpirun --with-ft ulfm "
@@ -127,6 +128,7 @@ class _Loop:
         self.state = None
         self.committed = False                  # this run has committed or restored a checkpoint
         self.recoveries = []
+        self.cause = None                       # what started the recovery in progress (text)
         self.pending = None                     # the Recovery in progress (its seconds: the detection time)
         self._wranks = None
 
@@ -143,9 +145,9 @@ class _Loop:
                     self.world.Free()
                     return Outcome(False, None, None, self.recoveries, self._spares_left())
             except Exception as e:  # noqa: BLE001 - only process failures are recovered; the rest re-raised
-                from .comm import is_process_failure
-                if not is_process_failure(e):
+                if not _recoverable(e):
                     raise
+                self.cause = _short(e)
                 t0 = time.perf_counter()
                 _bound_finalize(min(self.timeout, FINALIZE_TIMEOUT))
                 log.warning("process failure seen on world rank %d (%s); recovering online", self.me,
@@ -178,7 +180,7 @@ class _Loop:
             self.committed = True
         if self.pending is not None:
             r, self.pending = self.pending, None
-            r.restarted_from, r.seconds = first, time.perf_counter() - r.seconds
+            r.restarted_from, r.seconds, r.restored_at = first, time.perf_counter() - r.seconds, time.time()
             self.recoveries.append(r)
             if self.on_recovery is not None:
                 self.on_recovery(r)
@@ -233,6 +235,7 @@ class _Loop:
         revoke(self.world)
         deadline = time.monotonic() + self.timeout
         old = self.world
+        self.world_size_before = old.size
         attempts = 0
         while True:
             attempts += 1
@@ -290,6 +293,9 @@ class _Loop:
         missing = sorted(set(range(self.nworkers)) - present)
         spare_ranks = sorted(int(me) for lg, me, _ in table if lg < 0)
         committed = bool(max(int(c) for _, _, c in table))
+        if len(table) == self.world_size_before and not missing:
+            return (f"an MPI error ({self.cause}) but no process failed: not a failure online recovery "
+                    f"can repair", {}, committed)
         if len(missing) > len(spare_ranks):
             return (f"{len(missing)} of the {self.nworkers} worker ranks are lost (numbers "
                     f"{', '.join(map(str, missing[:16]))}) and only {len(spare_ranks)} spare process"
@@ -384,6 +390,15 @@ def _libmpi():
             if "/libmpi.so" in path:
                 return path
     raise OSError("libmpi not found among the loaded libraries")
+
+
+def _recoverable(exc):
+    """Local: an MPI error that may come from a failed process (hpcckpt.comm.is_process_failure:
+    ULFM's classes, and MPI_ERR_OTHER, which Open MPI 5.0 returns on some ranks for the same
+    failure; a recovery that then finds nobody lost raises OnlineRecoveryError: an MPI error
+    without a failure is never retried)."""
+    from .comm import is_process_failure
+    return is_process_failure(exc)
 
 
 def _collective(exc):
