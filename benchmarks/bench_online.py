@@ -1,7 +1,7 @@
 """Online recovery (hpcckpt.online, ULFM) vs relaunch + restart: the same job, the same level,
 the same kill, at 4 and 8 ranks.
 
-    python benchmarks/bench_online.py [--ranks 4,8] [--size 64] [--level local] [--quick] [--out FILE]
+    python benchmarks/bench_online.py [--ranks 4,8] [--size 64] [--level local] [--reps 1] [--quick] [--out FILE]
 
 Needs Open MPI (ULFM); elsewhere it says so and writes nothing. The job: each rank holds --size
 MiB (int64, seeded by its rank), checkpoints at --level after every step, and worker 1 SIGKILLs
@@ -99,7 +99,7 @@ def _result(out):
 def main(argv=None):
     p = parser(__doc__, "4 ranks only, 16 MiB per rank, 1 repetition", hidden=("size", "shm", "disk", "phase", "level"))
     p.add_argument("--ranks", default="4,8")
-    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--reps", type=int, default=1)
     p.set_defaults(size=64, level="local")
     a = p.parse_args(argv)
     if a.worker:

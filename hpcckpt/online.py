@@ -118,6 +118,11 @@ class _Loop:
         self.MPI = MPI
         self.init, self.step, self.nsteps = init, step, nsteps
         self.config, self.overrides, self.timeout, self.on_recovery = config, dict(overrides), timeout, on_recovery
+        if not log.handlers:                    # spares never open a Checkpointer: they log too
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter(f"hpcckpt[world rank {comm.rank}] %(levelname)s: %(message)s"))
+            log.addHandler(handler)
+            log.propagate = False
         self.world = comm.Dup()                 # the library's own: all live processes, spares included
         self.world.Set_errhandler(MPI.ERRORS_RETURN)
         self.me = comm.rank                     # this process's rank in the original communicator
