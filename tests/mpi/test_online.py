@@ -62,13 +62,23 @@ def test_one_rank_killed_local(tmp_path, reference):
 
 
 @needs_ulfm
-@pytest.mark.parametrize("level", ["partner", "xor"])
+@pytest.mark.parametrize("level", ["partner", "xor", "rs"])
 def test_rank_and_its_node_lost_rebuilt_from_redundancy(tmp_path, reference, level):
     # rank 1's node directory is removed before the kill: its replacement is rebuilt from the
     # other nodes (no pfs checkpoint exists: the schedule has only this level)
     recs, _ = recovered(tmp_path, reference, 1, "--kill", "1:12:rmnode", level=level)
     assert recs[0]["lost"] == [1] and recs[0]["from"] == 9
     assert not os.path.exists(tmp_path / "pfs" / "online")
+
+
+@needs_ulfm
+def test_loss_the_cache_cannot_cover_falls_back_to_pfs(tmp_path, reference):
+    # local checkpoints every 5 steps, pfs every 10: rank 1's node directory is lost with it, the
+    # local level has no redundancy, so the recovery restores the newest pfs step
+    recs, res = recovered(tmp_path, reference, 1, "--kill", "1:12:rmnode",
+                          config={"schedule": {"local": 5, "pfs": 10}, "log_level": "info"})
+    assert recs[0]["lost"] == [1] and recs[0]["from"] is not None and recs[0]["from"] < 12
+    assert f"restored step {recs[0]['from']} from pfs" in res.stderr, str(res)
 
 
 @needs_ulfm
