@@ -72,6 +72,15 @@ def test_rank_and_its_node_lost_rebuilt_from_redundancy(tmp_path, reference, lev
 
 
 @needs_ulfm
+def test_node_lost_with_background_redundancy(tmp_path, reference):
+    # background = true: partner copies written by a background thread on the library's own
+    # communicator; the abandoned Checkpointer's thread is revoked out of its exchange
+    recs, _ = recovered(tmp_path, reference, 1, "--kill", "1:12:rmnode", level="partner",
+                        config={"background": True})
+    assert recs[0]["lost"] == [1] and recs[0]["from"] == 9
+
+
+@needs_ulfm
 def test_loss_the_cache_cannot_cover_falls_back_to_pfs(tmp_path, reference):
     # local checkpoints every 5 steps, pfs every 10: rank 1's node directory is lost with it, the
     # local level has no redundancy, so the recovery restores the newest pfs step
