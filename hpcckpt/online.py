@@ -112,6 +112,30 @@ def run(comm, init, step, nsteps, *, spares=1, config=None, recovery_timeout=60.
         raise
 
 
+def decide(table, nworkers, size_before, cause=None):
+    """Pure, the same on every survivor (each has the same table): the outcome of a recovery.
+
+    ``table`` rows are (worker number or -1 for a spare, original rank, has-a-checkpoint) of
+    every process left; ``nworkers`` the workers the job needs; ``size_before`` the processes
+    before the failure. Returns (error text or None, {spare's original rank: worker number it
+    takes}, whether this run has a checkpoint). Lost numbers go in increasing order to the spares
+    in increasing order of their original rank."""
+    present = {int(lg) for lg, _, _ in table if lg >= 0}
+    missing = sorted(set(range(nworkers)) - present)
+    spare_ranks = sorted(int(me) for lg, me, _ in table if lg < 0)
+    committed = bool(max((int(c) for _, _, c in table), default=0))
+    if len(table) == size_before and not missing:
+        return (f"an MPI error ({cause}) but no process failed: not a failure online recovery "
+                f"can repair", {}, committed)
+    if len(missing) > len(spare_ranks):
+        return (f"{len(missing)} of the {nworkers} worker ranks are lost (numbers "
+                f"{', '.join(map(str, missing[:16]))}) and only {len(spare_ranks)} spare process"
+                f"{'es are' if len(spare_ranks) != 1 else ' is'} left: the job cannot go on online. "
+                f"Relaunch it (it restarts from the newest checkpoint), with more spares "
+                f"(online.run(..., spares=S)) to survive this", {}, committed)
+    return None, dict(zip(spare_ranks, missing)), committed
+
+
 class _Loop:
     def __init__(self, comm, init, step, nsteps, spares, config, overrides, timeout, on_recovery):
         from mpi4py import MPI
@@ -292,22 +316,7 @@ class _Loop:
                         list(self.pending.replaced_by), self._spares_left(), attempts)
 
     def _decide(self, table):
-        """Local, the same on every survivor (same table): (error or None, {spare world rank:
-        worker number it takes}, committed)."""
-        present = {int(lg) for lg, _, _ in table if lg >= 0}
-        missing = sorted(set(range(self.nworkers)) - present)
-        spare_ranks = sorted(int(me) for lg, me, _ in table if lg < 0)
-        committed = bool(max(int(c) for _, _, c in table))
-        if len(table) == self.world_size_before and not missing:
-            return (f"an MPI error ({self.cause}) but no process failed: not a failure online recovery "
-                    f"can repair", {}, committed)
-        if len(missing) > len(spare_ranks):
-            return (f"{len(missing)} of the {self.nworkers} worker ranks are lost (numbers "
-                    f"{', '.join(map(str, missing[:16]))}) and only {len(spare_ranks)} spare process"
-                    f"{'es are' if len(spare_ranks) != 1 else ' is'} left: the job cannot go on online. "
-                    f"Relaunch it (it restarts from the newest checkpoint), with more spares "
-                    f"(online.run(..., spares=S)) to survive this", {}, committed)
-        return None, dict(zip(spare_ranks, missing)), committed
+        return decide(table, self.nworkers, self.world_size_before, self.cause)
 
     def _bounded(self, start, deadline, what):
         """Local polling of a nonblocking MPI call until ``deadline``: ``start()`` returns
