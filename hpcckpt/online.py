@@ -147,19 +147,20 @@ class _Loop:
             handler.setFormatter(logging.Formatter(f"hpcckpt[world rank {comm.rank}] %(levelname)s: %(message)s"))
             log.addHandler(handler)
             log.propagate = False
+        _bound_finalize(min(timeout, FINALIZE_TIMEOUT))    # any process may see a failure, or a peer of it
         self.world = comm.Dup()                 # the library's own: all live processes, spares included
         self.world.Set_errhandler(MPI.ERRORS_RETURN)
         self.me = comm.rank                     # this process's rank in the original communicator
         self.nworkers = comm.size - spares
         self.logical = self.me if self.me < self.nworkers else -1     # worker number, -1: a spare
         self.workers = self._split(self.world)
+        self.worker_world_ranks = set(range(self.nworkers))     # in the world: the workers, in order
         self.ckpt = None
         self.state = None
         self.committed = False                  # this run has committed or restored a checkpoint
         self.recoveries = []
         self.cause = None                       # what started the recovery in progress (text)
         self.pending = None                     # the Recovery in progress (its seconds: the detection time)
-        self._wranks = None
 
     # ------------------------------------------------------------------ the roles
     def run(self):
@@ -178,7 +179,6 @@ class _Loop:
                     raise
                 self.cause = _short(e)
                 t0 = time.perf_counter()
-                _bound_finalize(min(self.timeout, FINALIZE_TIMEOUT))
                 log.warning("process failure seen on world rank %d (%s); recovering online", self.me,
                             _short(e))
                 self._recover(t0)
@@ -227,24 +227,41 @@ class _Loop:
         self.workers.Barrier()
         if self.logical == 0:
             for r in range(self.world.size):
-                if r not in self._worker_world_ranks():
-                    self.world.Send(np.zeros(1, np.int64), dest=r, tag=TAG_DONE)
-
-    def _worker_world_ranks(self):
-        if self._wranks is None:
-            g = self.workers.Get_group()
-            self._wranks = set(self.MPI.Group.Translate_ranks(g, list(range(self.workers.size)),
-                                                             self.world.Get_group()))
-        return self._wranks
+                if r not in self.worker_world_ranks:
+                    try:
+                        self.world.Send(np.zeros(1, np.int64), dest=r, tag=TAG_DONE)
+                    except self.MPI.Exception as e:
+                        if e.Get_error_class() != self.MPI.ERR_PROC_FAILED:
+                            raise
+                        log.warning("online: spare (world rank %d) is gone; the job ends without it", r)
 
     def _wait_as_spare(self):
         """Local (polling): True when the workers said the job is over; raises the MPI error of
-        a process failure (or of the revoked world) when a spare is needed."""
+        a process failure (or of the revoked world) when a spare is needed. The failure of
+        another spare only is acknowledged and the wait goes on: the workers never see it."""
+        MPI = self.MPI
         buf = np.zeros(1, np.int64)
-        req = self.world.Irecv(buf, source=self.MPI.ANY_SOURCE, tag=TAG_DONE)
-        while not req.Test():
-            time.sleep(POLL)
-        return True
+        req = self.world.Irecv(buf, source=MPI.ANY_SOURCE, tag=TAG_DONE)
+        faults.hit("spare", self.me)            # tests: a spare dies while it waits (RANK: its original rank)
+        while True:
+            try:
+                while not req.Test():
+                    time.sleep(POLL)
+                return True
+            except MPI.Exception as e:
+                if e.Get_error_class() != MPI.ERR_PROC_FAILED_PENDING or not self._only_spares_failed():
+                    raise
+                self.world.Ack_failed()
+                log.warning("online: a spare process failed; this spare goes on waiting")
+
+    def _only_spares_failed(self):
+        """Local: whether every process this one knows to have failed in the world was a spare."""
+        failed = self.world.Get_failed()
+        try:
+            ranks = self.MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), self.world.Get_group())
+        finally:
+            failed.Free()
+        return bool(ranks) and not set(ranks) & self.worker_world_ranks
 
     def _spares_left(self):
         return self.world.size - self.nworkers if self.world != self.MPI.COMM_NULL else 0
@@ -308,7 +325,8 @@ class _Loop:
             raise _collective(OnlineRecoveryError(error))
         if self.logical < 0:
             self.logical = assign.get(self.me, -1)
-        self.world, self.workers, self.committed, self._wranks = world, workers, committed, None
+        self.world, self.workers, self.committed = world, workers, committed
+        self.worker_world_ranks = {i for i, (lg, me, _) in enumerate(table) if lg >= 0 or int(me) in assign}
         self.pending = Recovery(tuple(sorted(assign.values())), tuple(sorted(assign)), None, t0, attempts)
         if self.logical == 0:
             log.warning("online recovery: worker rank(s) %s lost, taken by spare(s) %s (world ranks); %d spare(s) "
@@ -360,8 +378,9 @@ _FINALIZE = {"registered": False, "status": 0}
 
 
 def _bound_finalize(timeout):
-    """Local, once per process after a failure was seen: MPI_Finalize is called at exit from an
-    atexit handler, with ``timeout`` seconds to complete. Open MPI 5.0.11's MPI_Finalize sometimes
+    """Local, once per process of an online job: MPI_Finalize is called at exit from an atexit
+    handler, with ``timeout`` seconds to complete (a process that saw no failure itself may share
+    the job with one that did). Open MPI 5.0.11's MPI_Finalize sometimes
     never returns in a job that lost a process (ompi_mpi_finalize spins); past the bound this
     process flushes its output and ends with the status it was ending with (0, or 1 when
     online.run raised)."""

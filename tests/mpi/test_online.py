@@ -119,6 +119,15 @@ def test_failure_during_the_recovery(tmp_path, reference):
 
 
 @needs_ulfm
+def test_a_spare_dies_while_waiting(tmp_path, reference):
+    # spare 5 dies as it starts waiting: the other spare acknowledges it and waits on, the workers
+    # never notice until the end (worker 0 skips it); then rank 1 is killed: spare 4 takes it
+    recs, res = recovered(tmp_path, reference, 2, "--kill", "1:12", env={"_HPCCKPT_FAULT": "spare:5"})
+    assert recs[0]["lost"] == [1] and recs[0]["by"] == [4]
+    assert "a spare process failed; this spare goes on waiting" in res.stderr, str(res)
+
+
+@needs_ulfm
 def test_more_failures_than_spares_ends_with_a_clear_error(tmp_path):
     res, out = job(str(tmp_path), 1, "--kill", "1:12,2:12")
     assert res.returncode != 0, str(res)
