@@ -20,12 +20,13 @@ unset HPCCKPT_MPI            # HPCCKPT_<KEY> variables are configuration keys fo
 
 # The Open MPI stage of `./run.sh test` (a few minutes): every kind of job once -- launch, kill,
 # restart, each level, N->M pfs restarts, the command line, the guest rules, state dicts,
-# aborts -- a sample of the fault matrix (its default subset) and the virtual-cluster tests
+# aborts, online recovery (ULFM) -- a sample of the fault matrix (its default subset) and the virtual-cluster tests
 # (nodes as namespaces, about 90 s). Edit it here only.
 OPENMPI_TESTS=(
   tests/unit/test_launch_logic.py
   tests/mpi/test_mpi_launch.py
   tests/mpi/test_demo.py
+  tests/mpi/test_online.py
   tests/mpi/test_abort.py
   tests/mpi/test_guest.py
   tests/mpi/test_cli.py

@@ -37,7 +37,8 @@ import numpy as np
 
 from . import faults, manifest as mf, slurm, state as st
 from .codecs.checksum import digest
-from .comm import U64_MAX, Collective, Deferred, agree, is_collective, mark_collective, print_abort_notice, reduce_sum_max
+from .comm import (U64_MAX, Collective, Deferred, agree, is_collective, is_process_failure, mark_collective,
+                   print_abort_notice, reduce_sum_max)
 from .config import LEVELS, Config
 from .errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError, IncompatibleCheckpointError,
                      MismatchError, ProtectError)
@@ -123,34 +124,40 @@ class Checkpointer:
         self._committed = False
         self._stopping = False           # a stop was requested (signal or stop file): final pfs checkpoint, then exit
         self._final_done = False
-        with Collective(self._comm, "Checkpointer configuration") as c:
-            self.config = Config.load(config, **overrides)
-            self.policy = self._make_policy()
-            h = _settings_digest(self.config)
-            c.words = [h, U64_MAX - h]
-        if c.result[0] != U64_MAX - c.result[1]:
-            self._settings_differ()
-        _setup_logging(self.config, comm.rank)
-        self.topology = Topology.build(self._comm, self.config.ranks_per_node)
-        self.cache = LocalCache(self.config, self.topology)
-        with Collective(self._comm, "creating the cache directory"):
-            try:
-                self.cache.prepare()
-            except OSError as e:
-                raise CheckpointWriteError(f"cannot create the cache directory {e.filename or self.cache.root}: "
-                                           f"{e.strerror}") from e
-            self._locks.append(DirLock(os.path.join(self.cache.root, f".lock.rank_{comm.rank:06d}"),
-                                       f"job name {self.config.name!r} in {self.cache.root}", self.config.file_mode))
-        self._closed = False
-        if self.config.abort_on_error:
-            _install_excepthook()
-        if comm.rank == 0:
-            log.info("cache of rank 0: %s; pfs: %s", self.cache.root,
-                     os.path.abspath(os.path.join(self.config.pfs_dir, self.config.name)))
-        self._warn_survivability(self.policy_levels)
-        self._setup_slurm()
-        if comm.rank == 0:
-            log.info("%s", self.policy.summary())
+        try:
+            with Collective(self._comm, "Checkpointer configuration") as c:
+                self.config = Config.load(config, **overrides)
+                self.policy = self._make_policy()
+                h = _settings_digest(self.config)
+                c.words = [h, U64_MAX - h]
+            if c.result[0] != U64_MAX - c.result[1]:
+                self._settings_differ()
+            _setup_logging(self.config, comm.rank)
+            self.topology = Topology.build(self._comm, self.config.ranks_per_node)
+            self.cache = LocalCache(self.config, self.topology)
+            with Collective(self._comm, "creating the cache directory"):
+                try:
+                    self.cache.prepare()
+                except OSError as e:
+                    raise CheckpointWriteError(f"cannot create the cache directory {e.filename or self.cache.root}: "
+                                               f"{e.strerror}") from e
+                self._locks.append(DirLock(os.path.join(self.cache.root, f".lock.rank_{comm.rank:06d}"),
+                                           f"job name {self.config.name!r} in {self.cache.root}", self.config.file_mode))
+            self._closed = False
+            if self.config.abort_on_error:
+                _install_excepthook()
+            if comm.rank == 0:
+                log.info("cache of rank 0: %s; pfs: %s", self.cache.root,
+                         os.path.abspath(os.path.join(self.config.pfs_dir, self.config.name)))
+            self._warn_survivability(self.policy_levels)
+            self._setup_slurm()
+            if comm.rank == 0:
+                log.info("%s", self.policy.summary())
+        except BaseException as e:
+            self._release_locks()       # a failed constructor never keeps the cache locked (online recovery reopens it)
+            if is_process_failure(e):
+                revoke(self._comm)      # ULFM: nobody stays blocked on our duplicate
+            raise
 
     def _make_policy(self):
         from .policy import Policy
@@ -233,6 +240,47 @@ class Checkpointer:
                 self._release_locks()
                 self._comm.Free()
                 self._closed = True
+
+    def abandon(self, timeout=10.0):
+        """Local: give this Checkpointer up after a process failure, without any communication.
+
+        Its communicators may hold a failed process: each one it duplicated or split is revoked
+        where the MPI can (ULFM), so that no peer stays blocked on it, and dropped without
+        ``Free`` (a collective call). A background thread is given ``timeout`` seconds to end
+        (its communicator is revoked: its next call fails) and is then left behind (a daemon).
+        The lock files are released, so that a new Checkpointer of the same job can open the
+        cache again. The files on disk are not touched. Harmless twice, and after close()."""
+        if getattr(self, "_abandoned", False):
+            return
+        self._abandoned = True
+        for c in self._owned_comms():
+            revoke(c)
+        if self._flush is not None:
+            self._flush.thread.join(timeout)
+            self._flush = None
+        for level in self._levels.values():
+            closer = getattr(level, "abandon", None)
+            if closer is not None:
+                closer()
+        self._levels = {}
+        self._pfs = None
+        self._release_locks()
+        self._closed = True
+
+    def _owned_comms(self):
+        """The communicators this Checkpointer (its levels, its pfs store) created: its Dup, the
+        background Dup, the levels' splits. Never the application's."""
+        from mpi4py import MPI
+        found, seen = [], set()
+        for obj in [self, *self._levels.values(), self._pfs]:
+            if obj is None:
+                continue
+            for value in vars(obj).values():
+                if isinstance(value, MPI.Comm) and value != MPI.COMM_NULL and value is not self.comm \
+                        and id(value) not in seen:
+                    seen.add(id(value))
+                    found.append(value)
+        return found
 
     def _release_locks(self):
         for lock in self._locks:
@@ -1017,6 +1065,15 @@ def _settings_digest(cfg):
     """An int digest of every setting that must be the same on all ranks (all but log_level)."""
     values = {k: v for k, v in cfg.as_dict().items() if k != "log_level"}
     return _digest_int(json.loads(json.dumps(values, sort_keys=True, default=str)))
+
+
+def revoke(comm):
+    """Local: revoke ``comm`` (ULFM) so that every pending and future call on it fails everywhere;
+    nothing where the MPI cannot (no ULFM) or the communicator is already unusable."""
+    try:
+        comm.Revoke()
+    except Exception:  # noqa: BLE001 - NotImplementedError (no ULFM), MPI.Exception (already broken)
+        pass
 
 
 def _threads_ok():

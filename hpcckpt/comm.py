@@ -13,6 +13,7 @@ few 64-bit words), whatever the number of ranks. Per-rank details travel only wh
 failed: gathered to rank 0, which picks the error, and broadcast.
 """
 import contextlib
+import os
 import sys
 import traceback
 
@@ -31,6 +32,42 @@ def _describe(exc):
         where = f" ({exc.filename})" if exc.filename else ""
         return f"{type(exc).__name__}: [Errno {exc.errno}] {exc.strerror}{where}"
     return f"{type(exc).__name__}: {exc}"
+
+
+def _failure_classes():
+    """The MPI error classes that mean "a process failed" (ULFM); empty where the MPI has none
+    (MPICH's wheel defines them all as one unknown class)."""
+    names = ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+    codes = {getattr(MPI, n, None) for n in names} - {None}
+    if len(codes) < len(names) or codes & {MPI.SUCCESS, MPI.ERR_UNKNOWN, MPI.ERR_OTHER}:
+        return frozenset()
+    return frozenset(codes)
+
+
+FAILURE_CLASSES = _failure_classes()
+# Open MPI 5.0 with ULFM switched on reports the same failure as MPI_ERR_OTHER on some ranks
+# (docs/ONLINE.md): in such a job that class counts too (hpcckpt.online then checks that a
+# process really is gone, and raises OnlineRecoveryError when none is).
+if FAILURE_CLASSES and os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "on"):
+    FAILURE_CLASSES = FAILURE_CLASSES | {MPI.ERR_OTHER}
+
+
+def is_process_failure(exc):
+    """Local: True when ``exc`` (or an exception it was raised from) is an MPI error saying that a
+    process failed or that a communicator was revoked after one did (ULFM)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, MPI.Exception):
+            try:
+                if exc.Get_error_class() in FAILURE_CLASSES:
+                    return True
+            except Exception:  # noqa: BLE001 - a broken error object is not a failure report
+                pass
+        if getattr(exc, "hpcckpt_process_failure", False):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def mark_collective(exc):
@@ -83,6 +120,8 @@ def agree(comm, exc=None, what="operation", words=()):
     or CollectiveError for anything else, naming each failing rank. The raised error is marked
     collective (``is_collective``).
     """
+    if exc is not None and is_process_failure(exc):
+        raise exc               # ULFM: a process is gone, no agreement: online recovery (hpcckpt.online) takes it
     words = list(words)
     if len(words) > WORDS:
         raise ValueError(f"agree() carries at most {WORDS} words")
@@ -122,12 +161,18 @@ class Collective(contextlib.AbstractContextManager):
     CollectiveError naming them, the interrupted rank re-raises its own. ``c.words`` (a few
     unsigned 64-bit ints this rank sets inside the block) come back as ``c.result``, their
     maxima over the ranks, in the same single reduction.
+
+    One exception is not agreed on: an MPI error saying that a process failed or that the
+    communicator was revoked (``is_process_failure``, ULFM only). No agreement can complete then;
+    it propagates as it is, and hpcckpt.online revokes and recovers.
     """
 
     def __init__(self, comm, what):
         self.comm, self.what, self.words, self.result = comm, what, (), None
 
     def __exit__(self, exc_type, exc, tb):
+        if exc is not None and is_process_failure(exc):
+            return False        # a process failed (ULFM): no agreement is possible; online recovery takes it
         if exc is not None and not isinstance(exc, HpcCkptError):
             exc.__hpcckpt_traceback__ = traceback.format_exc()
         words = self.words if exc is None else ()

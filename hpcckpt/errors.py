@@ -45,6 +45,17 @@ class CollectiveError(HpcCkptError):
         self.errors = dict(errors or {})
 
 
+class ULFMUnsupportedError(ConfigError):
+    """Online recovery was asked for under an MPI (or a launch) without ULFM fault tolerance."""
+
+
+class OnlineRecoveryError(HpcCkptError):
+    """Online recovery cannot continue the job (more failures than spare ranks, a recovery that
+    did not complete in time, no checkpoint that every new rank can restore); raised on every
+    surviving process."""
+
+
 ALL = {cls.__name__: cls for cls in (
     HpcCkptError, ConfigError, ProtectError, MismatchError, IncompatibleCheckpointError,
-    CorruptCheckpointError, CheckpointWriteError, ConcurrentJobError, CollectiveError)}
+    CorruptCheckpointError, CheckpointWriteError, ConcurrentJobError, CollectiveError, ULFMUnsupportedError,
+    OnlineRecoveryError)}

@@ -8,7 +8,9 @@ rounds; also fires when a rebuild resends partner copies), ``background`` (with 
 in the background thread, before the redundancy is written), ``commit`` (before this rank's manifest is written), ``committed`` (after it,
 before the final agreement), ``retire`` (while removing an old checkpoint), ``rebuild`` (partner/xor/rs: on a rank being
 rebuilt, before it writes what it receives), ``restore``
-(half-way through filling the arrays).
+(half-way through filling the arrays), ``recover`` (hpcckpt.online: on worker RANK during an online
+recovery, right after the shrink; a spare has no RANK), ``spare`` (hpcckpt.online: on the spare whose
+original rank is RANK, as it starts waiting).
 """
 import errno
 import os

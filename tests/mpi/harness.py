@@ -28,15 +28,16 @@ def mpiexec_path():
     return mpi().mpiexec
 
 
-def popen_mpi(nprocs, argv, env=None, **kw):
+def popen_mpi(nprocs, argv, env=None, fault_tolerant=False, **kw):
     """Start ``argv`` on ``nprocs`` ranks in a session of its own (stop it with
-    mpi_launch.kill_job); ``env``: extra variables over os.environ."""
+    mpi_launch.kill_job); ``env``: extra variables over os.environ; ``fault_tolerant``: a ULFM
+    job (hpcckpt.online)."""
     m = mpi()
     full_env = m.env(nprocs=nprocs)
     full_env.update({k: str(v) for k, v in (env or {}).items()})
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     kw.setdefault("stdin", subprocess.DEVNULL)
-    return subprocess.Popen(m.command(nprocs, argv), env=full_env, start_new_session=True, **kw)
+    return subprocess.Popen(m.command(nprocs, argv, fault_tolerant=fault_tolerant), env=full_env, start_new_session=True, **kw)
 
 
 def readline(proc, timeout):
@@ -72,13 +73,13 @@ class Result:
         return f"rc={self.returncode} timed_out={self.timed_out}\n--- stdout\n{self.stdout[-4000:]}\n--- stderr\n{self.stderr[-4000:]}"
 
 
-def run_mpi(nprocs, script, *args, env=None, timeout=240):
+def run_mpi(nprocs, script, *args, env=None, timeout=240, fault_tolerant=False):
     """Run ``script`` (a path, or a file name in tests/mpi/apps) on ``nprocs`` ranks; return a Result."""
     if not os.path.isabs(script):
         script = os.path.join(APPS, script)
     m = mpi()
     with m.cleanup():      # only our job's leftovers: removing one of a job starting meanwhile hangs its MPI_Init
-        proc = popen_mpi(nprocs, [sys.executable, script, *args], env=env,
+        proc = popen_mpi(nprocs, [sys.executable, script, *args], env=env, fault_tolerant=fault_tolerant,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             out, err = proc.communicate(timeout=timeout)

@@ -41,6 +41,22 @@ def test_command_is_mpiexec_n_argv():
     assert mpi("mpich", path="/a b/mpiexec").launch_prefix(2) == "'/a b/mpiexec' -n 2"
 
 
+def test_fault_tolerant_command_only_where_ulfm_works():
+    """Online recovery (hpcckpt.online) needs ULFM: Open MPI gets its options (TCP, never the
+    shared-memory BTL, which never reports a failure); every other MPI is refused up front."""
+    assert mpi("openmpi").supports_ulfm
+    assert mpi("openmpi").command(5, ["python", "app.py"], fault_tolerant=True) == [
+        "/opt/mpi/bin/mpiexec", "--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+        "-n", "5", "python", "app.py"]
+    for name in ("mpich", "intelmpi", "unknown"):
+        m = mpi(name)
+        assert not m.supports_ulfm
+        with pytest.raises(ml.ULFMUnsupportedError, match="online recovery needs an MPI with ULFM") as e:
+            m.command(5, ["python", "app.py"], fault_tolerant=True)
+        assert isinstance(e.value, ml.HpcCkptError)
+        assert m.command(5, ["x"]) == ["/opt/mpi/bin/mpiexec", "-n", "5", "x"]
+
+
 ROOT_VARS = {"OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"}
 OVERSUB = "PRTE_MCA_rmaps_default_mapping_policy"
 

@@ -1,0 +1,150 @@
+"""Online recovery (hpcckpt.online, ULFM): ranks are SIGKILLed mid-run, the job goes on without
+exiting, spare processes take the lost ranks' numbers, and the final field is bitwise equal to
+a failure-free run's. Under Open MPI only (``mpirun --with-ft ulfm``); under an MPI without ULFM
+online mode must be refused up front with a clear message (tested under every MPI).
+
+Each job: 4 workers (5000 float64 each) + spares, 30 steps, a checkpoint every 5 steps; a kill
+at step 12 restarts from step 9."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from harness import mpi, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+ULFM = mpi().supports_ulfm
+needs_ulfm = pytest.mark.skipif(not ULFM, reason=f"{mpi().flavour.title} has no usable ULFM: online recovery "
+                                                 "runs under Open MPI (HPCCKPT_MPI=openmpi ./run.sh test ...)")
+WORKERS, STEPS = 4, 30
+
+
+def job(tmp, spares, *args, level="local", rpn=1, config=None, timeout=90, env=None):
+    out = os.path.join(tmp, "field.npy")
+    argv = ["--spares", str(spares), "--steps", str(STEPS), "--every", "5", "--level", level,
+            "--cache", os.path.join(tmp, "cache", "node{node}"), "--rpn", str(rpn), "--out", out,
+            "--timeout", "40", *args]
+    if config:
+        argv += ["--config-json", json.dumps(config)]
+    res = run_mpi(WORKERS + spares, "online_app.py", *argv, timeout=timeout, fault_tolerant=True, env=env)
+    return res, out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    if not ULFM:
+        pytest.skip("no ULFM")
+    tmp = str(tmp_path_factory.mktemp("online-ref"))
+    res, out = job(tmp, 1)
+    assert res.returncode == 0, str(res)
+    assert res.lines("SPARE-DONE") == [""], str(res)       # the unused spare was told the job is over
+    return np.load(out)
+
+
+def recovered(tmp, reference, spares, *args, recoveries=1, **kw):
+    res, out = job(str(tmp), spares, *args, **kw)
+    assert res.returncode == 0, str(res)
+    done = [json.loads(x) for x in res.lines("DONE")]
+    assert len(done) == 1 and done[0]["recoveries"] == recoveries, str(res)     # one job: it never exited
+    recs = [json.loads(x) for x in res.lines("RECOVERED")]
+    assert len(recs) == recoveries, str(res)
+    field = np.load(out)
+    assert field.tobytes() == reference.tobytes(), "the recovered field differs from the failure-free run"
+    return recs, res
+
+
+@needs_ulfm
+def test_one_rank_killed_local(tmp_path, reference):
+    recs, _ = recovered(tmp_path, reference, 1, "--kill", "1:12")
+    assert recs[0]["lost"] == [1] and recs[0]["by"] == [4] and recs[0]["from"] == 9
+
+
+@needs_ulfm
+@pytest.mark.parametrize("level", ["partner", "xor", "rs"])
+def test_rank_and_its_node_lost_rebuilt_from_redundancy(tmp_path, reference, level):
+    # rank 1's node directory is removed before the kill: its replacement is rebuilt from the
+    # other nodes (no pfs checkpoint exists: the schedule has only this level)
+    recs, _ = recovered(tmp_path, reference, 1, "--kill", "1:12:rmnode", level=level)
+    assert recs[0]["lost"] == [1] and recs[0]["from"] == 9
+    assert not os.path.exists(tmp_path / "pfs" / "online")
+
+
+@needs_ulfm
+def test_node_lost_with_background_redundancy(tmp_path, reference):
+    # background = true: partner copies written by a background thread on the library's own
+    # communicator; the abandoned Checkpointer's thread is revoked out of its exchange
+    recs, _ = recovered(tmp_path, reference, 1, "--kill", "1:12:rmnode", level="partner",
+                        config={"background": True})
+    assert recs[0]["lost"] == [1] and recs[0]["from"] == 9
+
+
+@needs_ulfm
+def test_loss_the_cache_cannot_cover_falls_back_to_pfs(tmp_path, reference):
+    # local checkpoints every 5 steps, pfs every 10: rank 1's node directory is lost with it, the
+    # local level has no redundancy, so the recovery restores the newest pfs step
+    recs, res = recovered(tmp_path, reference, 1, "--kill", "1:12:rmnode",
+                          config={"schedule": {"local": 5, "pfs": 10}, "log_level": "info"})
+    assert recs[0]["lost"] == [1] and recs[0]["from"] is not None and recs[0]["from"] < 12
+    assert f"restored step {recs[0]['from']} from pfs" in res.stderr, str(res)
+
+
+@needs_ulfm
+def test_two_ranks_on_different_nodes_at_once(tmp_path, reference):
+    # 2 ranks per node: ranks 0 and 2 live on nodes 0 and 1, both killed at step 12
+    recs, _ = recovered(tmp_path, reference, 2, "--kill", "0:12,2:12", rpn=2)
+    assert recs[0]["lost"] == [0, 2] and sorted(recs[0]["by"]) == [4, 5] and recs[0]["from"] == 9
+
+
+@needs_ulfm
+def test_whole_node_lost(tmp_path, reference):
+    # node 1 = ranks 2 and 3 (2 per node): both killed, its cache directory removed; partner copies
+    recs, _ = recovered(tmp_path, reference, 2, "--kill", "2:12:rmnode,3:12:rmnode", rpn=2, level="partner")
+    assert recs[0]["lost"] == [2, 3] and recs[0]["from"] == 9
+
+
+@needs_ulfm
+def test_second_failure_after_recovery(tmp_path, reference):
+    recs, _ = recovered(tmp_path, reference, 2, "--kill", "1:12,3:22", recoveries=2)
+    assert [r["lost"] for r in recs] == [[1], [3]] and [r["from"] for r in recs] == [9, 19]
+
+
+@needs_ulfm
+def test_failure_during_the_recovery(tmp_path, reference):
+    # rank 1 is killed at step 12; during that recovery (after the shrink) worker 2 dies too: the
+    # agreement fails, the survivors shrink again and both numbers go to the two spares
+    recs, _ = recovered(tmp_path, reference, 2, "--kill", "1:12", env={"_HPCCKPT_FAULT": "recover:2"})
+    assert recs[0]["lost"] == [1, 2] and recs[0]["from"] == 9 and recs[0]["attempts"] >= 2
+
+
+@needs_ulfm
+def test_a_spare_dies_while_waiting(tmp_path, reference):
+    # spare 5 dies as it starts waiting: the other spare acknowledges it and waits on, the workers
+    # never notice until the end (worker 0 skips it); then rank 1 is killed: spare 4 takes it
+    recs, res = recovered(tmp_path, reference, 2, "--kill", "1:12", env={"_HPCCKPT_FAULT": "spare:5"})
+    assert recs[0]["lost"] == [1] and recs[0]["by"] == [4]
+    assert "a spare process failed; this spare goes on waiting" in res.stderr, str(res)
+
+
+@needs_ulfm
+def test_more_failures_than_spares_ends_with_a_clear_error(tmp_path):
+    res, out = job(str(tmp_path), 1, "--kill", "1:12,2:12")
+    assert res.returncode != 0, str(res)
+    errors = res.lines("ONLINE-ERROR")
+    assert len(errors) == 3, str(res)       # every survivor: workers 0 and 3, the spare
+    assert all("only 1 spare process is left" in e and "numbers 1, 2" in e for e in errors), str(res)
+    assert not os.path.exists(out)
+
+
+def test_online_refused_without_ulfm(tmp_path):
+    """Launched without ULFM (plain mpiexec: MPICH, or Open MPI without --with-ft ulfm): refused
+    up front on every rank, with a message that says what to do."""
+    out = os.path.join(tmp_path, "field.npy")
+    res = run_mpi(2, "online_app.py", "--spares", "1", "--cache", os.path.join(tmp_path, "c{node}"), "--out", out,
+                  timeout=60)
+    assert res.returncode != 0, str(res)
+    refused = res.lines("REFUSED")
+    assert len(refused) == 2, str(res)
+    assert all("online recovery needs" in r and "--with-ft ulfm" in r for r in refused), str(res)
+    assert not os.path.exists(out)
