@@ -1,0 +1,77 @@
+"""An MPI application for the incremental tests (tests/mpi/test_incremental.py).
+
+Each rank protects one uint8 array of --blocks blocks of --block bytes (plus a rank-dependent
+tail, so the last block is short and ranks differ in size). Its value at checkpoint step s is a
+pure function of (rank, s): the value at the previous checkpoint step with a chosen set of
+blocks rewritten (--frac of them, picked by a generator seeded with (rank, s)); so a restarted
+run checks the restored array bitwise against ``value(rank, s)``. Options:
+  --cache DIR --level L --ckpts S1,S2,...    the checkpoint steps (each at level L)
+  --frac F                                   fraction of blocks changed between checkpoints
+  --restart                                  restart() only: print RESTART <step|None> and
+                                             CHECK <ok|bad> (the restored array vs value(rank, step))
+  --config-json JSON                         extra Checkpointer keyword arguments
+"""
+import argparse
+import json
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+import hpcckpt
+
+p = argparse.ArgumentParser()
+p.add_argument("--cache", required=True)
+p.add_argument("--level", default="partner")
+p.add_argument("--ckpts", default="1,2,3")
+p.add_argument("--frac", type=float, default=0.1)
+p.add_argument("--blocks", type=int, default=20)
+p.add_argument("--block", type=int, default=4096)
+p.add_argument("--restart", action="store_true")
+p.add_argument("--config-json", default="{}")
+a = p.parse_args()
+comm = MPI.COMM_WORLD
+rank = comm.rank
+ckpts = [int(s) for s in a.ckpts.split(",")]
+size = a.blocks * a.block + 100 * (rank + 1)
+
+
+def value(upto):
+    """The array at checkpoint step ``upto`` (deterministic)."""
+    u = np.random.default_rng([rank, 0]).integers(0, 256, size, dtype=np.uint8)
+    nblocks = -(-size // a.block)
+    for s in ckpts[1:]:
+        if s > upto:
+            break
+        rng = np.random.default_rng([rank, s])
+        picked = rng.choice(nblocks, int(round(a.frac * nblocks)), replace=False)
+        for b in picked:
+            n = min(a.block, size - b * a.block)
+            u[b * a.block:b * a.block + n] = rng.integers(0, 256, n, dtype=np.uint8)
+    return u
+
+
+def say(line):
+    os.write(1, (line + "\n").encode())
+
+
+kwargs = dict(name="app", cache_dir=a.cache, pfs_dir=os.path.join(os.path.dirname(a.cache), "pfs"),
+              incremental=True, incremental_block=a.block)
+kwargs.update(json.loads(a.config_json))
+u = np.zeros(size, np.uint8)
+with hpcckpt.Checkpointer(comm, **kwargs) as ckpt:
+    ckpt.protect("u", u)
+    if a.restart:
+        step = ckpt.restart()
+        ok = step is not None and np.array_equal(u, value(step))
+        ok = comm.allreduce(ok, op=MPI.LAND)
+        if rank == 0:
+            say(f"RESTART {step}")
+            say(f"CHECK {'ok' if ok else 'bad'}")
+    else:
+        for s in ckpts:
+            u[:] = value(s)
+            ckpt.checkpoint(s, level=a.level)
+        ckpt.wait()
+        if rank == 0:
+            say("DONE")
