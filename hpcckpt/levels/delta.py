@@ -202,7 +202,10 @@ class Chain:
                 if base_size == size else None
             if old is not None:
                 changed = changed_blocks(digests, old)
-                ok = extra_ok is None or bool(deferred.run(extra_ok, base_step))
+                try:    # a base that is missing or of another layout: this step is full
+                    ok = extra_ok is None or bool(extra_ok(base_step))
+                except (OSError, ValueError, KeyError, TypeError, CorruptCheckpointError):
+                    ok = False
         nblocks = max(1, block_count(size, cfg.incremental_block))
         frac = 0 if changed is None else -(-len(changed) * 1_000_000 // nblocks)
         mine = -1 if self.base is None else self.base[0]
@@ -230,3 +233,22 @@ class Chain:
 def _map(path, size):
     from .combine import map_range
     return map_range(path, 0, size)
+
+
+# ---------------------------------------------------------------------- encoded levels (xor, rs)
+def piece_segments(blocks, block, size, q, piece, seg):
+    """Local, pure: the ``seg``-byte segments (indices within the piece, ascending) of data piece
+    ``q`` (bytes [q * piece, (q + 1) * piece) of a ``size``-byte file) that overlap the changed
+    ``blocks``."""
+    lo_piece, hi_piece = q * piece, min((q + 1) * piece, size)
+    out = set()
+    for b in blocks:
+        lo, hi = max(int(b) * block, lo_piece), min((int(b) + 1) * block, size, hi_piece)
+        if lo < hi:
+            out.update(range((lo - lo_piece) // seg, (hi - 1 - lo_piece) // seg + 1))
+    return sorted(out)
+
+
+def segment_length(t, seg, piece):
+    """Bytes of segment ``t`` of a ``piece``-byte symbol (the last one may be shorter)."""
+    return min(seg, piece - t * seg)

@@ -10,8 +10,19 @@ systematic Cauchy Reed-Solomon code over GF(2^8); with m = 1 the code is plain X
 
 Files: ``step_<S>/held_<R>/parity.dat`` (m pieces) and ``encoded.json`` (the group, the code,
 every member's manifest, parity checksums). ``encode`` and ``recover`` are collective.
+
+With ``incremental`` (levels/delta.py) an incremental step holds, instead of ``parity.dat``, only
+the parity segments that change against the base step B: XOR and RS are linear, so a parity
+segment of step S is B's parity segment XOR_q coef_q * (d_S ⊕ d_B) over the data pieces q of its
+stripe, and only owners whose blocks changed send their d_S ⊕ d_B (B's data is pinned on every
+node). ``parity.delta`` holds the new segments and ``parity.delta.json`` their index; the
+``parity_checksums`` of ``encoded.json`` are those of the whole parity of S. A rebuild first makes
+``parity.dat`` (B's parity + the segments) and verifies it against them, then proceeds as for a
+full step.
 """
+import dataclasses
 import os
+import shutil
 
 import numpy as np
 from mpi4py import MPI
@@ -19,14 +30,16 @@ from mpi4py import MPI
 from .. import faults, manifest as mf, storage
 from ..codecs import gf256
 from ..codecs.checksum import new_hasher
-from ..codecs.rs import rs_parity_matrix
-from ..errors import HpcCkptError
+from ..codecs.rs import gf_combine_into, rs_parity_matrix
+from ..errors import CorruptCheckpointError, HpcCkptError
 from ..topology import encoding_groups
 from .combine import Buffers, gather_combine, map_range
 from ..comm import Deferred
 from .base import RedundancyLevel
+from .delta import Chain, check_delta_info, delta_info, piece_segments, segment_length
 
 FORMAT = "hpcckpt-encoded"
+TAG_DELTA = 7200
 
 
 def code_matrix(kd, m):
@@ -49,10 +62,20 @@ class EncodedLevel(RedundancyLevel):
         self.group = next(g for g in self.groups if comm.rank in g)
         self._gcomm = None
         self._buffers = Buffers()
+        self.chain = Chain(cache) if cache.cfg.incremental else None
+        self.sent = 0            # bytes this rank sent in its last encode (benchmarks)
+
+    def pinned_steps(self):
+        """Local: the base step of the next incremental checkpoint (kept by retire)."""
+        return self.chain.pinned() if self.chain is not None else ()
 
     def _paths(self, step):
         held = self.cache.held_dir(step)
         return os.path.join(held, "parity.dat"), os.path.join(held, "encoded.json")
+
+    def _delta_paths(self, step):
+        held = self.cache.held_dir(step)
+        return os.path.join(held, "parity.delta"), os.path.join(held, "parity.delta.json")
 
     def _group_comm(self):
         if self._gcomm is None:
@@ -70,13 +93,48 @@ class EncodedLevel(RedundancyLevel):
 
     # ------------------------------------------------------------------ encode
     def encode(self, step, manifest):
-        """Collective: compute this group's parity and keep this rank's share of it."""
+        """Collective: compute this group's parity and keep this rank's share of it. With
+        ``incremental``: only the parity segments changed since the base when every rank can
+        (then the returned manifest names the base, and is the one to commit)."""
+        if self.chain is None:
+            self._encode(step, manifest, None, Deferred())
+            return manifest
+        deferred = Deferred()
+        k = len(self.group)
+        m = min(self.parity, k - 1)
+        plan = self.chain.plan(self.comm, step, manifest, deferred,
+                               lambda base: m > 0 and self._base_ok(base, manifest.data_size))
+        if plan.incremental:
+            manifest = dataclasses.replace(manifest, base=plan.base)
+        try:
+            self._encode(step, manifest, plan, deferred)
+        except BaseException:
+            self.chain.forget()
+            raise
+        self.chain.done(plan, manifest)
+        return manifest
+
+    def _base_ok(self, base, size):
+        """Local: this rank has what an incremental step against ``base`` needs: its data of the
+        base (same size) and its parity of the base."""
+        parity_path, info_path = self._paths(base)
+        if os.path.getsize(self.cache.data_path(base)) != size or not os.path.isfile(parity_path):
+            return False
+        info = storage.read_json(info_path)
+        return info.get("group") == self.group and info.get("piece") and \
+            os.path.getsize(parity_path) == info["parity"] * info["piece"]
+
+    def _encode(self, step, manifest, plan, deferred):
         gcomm, group = self._group_comm(), self.group
         k, pos = len(group), self.group.index(self.comm.rank)
         m = min(self.parity, k - 1)
         sizes = gcomm.allgather(manifest.data_size)
         manifests = gcomm.allgather(manifest.to_json())
-        deferred = Deferred()
+        self.sent = 0
+        if plan is not None and plan.incremental:
+            self._encode_delta(step, manifest, plan, deferred, gcomm, k, pos, m, sizes, manifests)
+            deferred.raise_if_any()
+            return
         if m == 0:  # a group of one: nothing to encode (start-up warned)
             self._write_info(deferred, step, manifest.ckpt_id, group, pos, m, 8, sizes, manifests, [])
             deferred.raise_if_any()
@@ -100,6 +158,7 @@ class EncodedLevel(RedundancyLevel):
             s = (pos - m - q) % k
             source = None if data is None else data[q * piece:q * piece + valid(pos, q)]
             sends += [(stripe_symbol_owner(k, s, j), j, source, valid(pos, q)) for j in range(m)]
+            self.sent += m * valid(pos, q)
         hashers = [new_hasher() for _ in range(m)]
 
         def sink(j):
@@ -122,6 +181,145 @@ class EncodedLevel(RedundancyLevel):
                          [h.hexdigest() for h in hashers])
         deferred.raise_if_any()
 
+    def _encode_delta(self, step, manifest, plan, deferred, gcomm, k, pos, m, sizes, manifests):
+        """Collective over the group: the parity segments of ``step`` that differ from the base's,
+        from the changed data segments (d_S xor d_B) of the ranks that changed them."""
+        cfg = self.cache.cfg
+        kd = k - m
+        base_step = plan.base[0]
+        piece = max(8, (-(-max(sizes) // kd) + 7) // 8 * 8)
+        seg = cfg.incremental_block
+        coef = code_matrix(kd, m)
+        changed = plan.changed if plan.changed is not None else []
+        mine = [piece_segments(changed, cfg.incremental_block, sizes[pos], q, piece, seg) for q in range(kd)]
+        segs = gcomm.allgather(mine)        # per member, per data piece: its changed segments
+        new = plan.data
+        old = deferred.run(map_range, self.cache.data_path(base_step), 0, sizes[pos])
+        base_parity = deferred.run(map_range, self._paths(base_step)[0], 0, m * piece)
+        delta_path, index_path = self._delta_paths(step)
+        deferred.run(storage.makedirs, self.cache.held_dir(step), cfg.dir_mode)
+        fd_out = deferred.run(os.open, delta_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                              cfg.file_mode)
+        deferred.run(faults.hit, "encode", self.comm.rank, step)
+
+        def stripe_inputs(s):   # [(group position, data piece)] of the data symbols of stripe s
+            return [(stripe_symbol_owner(k, s, p), p - m) for p in range(m, k)]
+        unions = [sorted(set().union(*(segs[r][q] for r, q in stripe_inputs(s)))) for s in range(k)]
+        rounds = max(len(u) for u in unions)
+        my_outputs = [(j, (pos - j) % k) for j in range(m)]              # parity j of stripe pos - j
+        hashers = [new_hasher() for _ in range(m)]
+        cursors = [0] * m
+        written = 0
+        index = [[] for _ in range(m)]
+        zeros_parity = np.zeros(piece, np.uint8)
+
+        def base_par(j, lo, hi):
+            return zeros_parity[:hi - lo] if base_parity is None else base_parity[j * piece + lo:j * piece + hi]
+        sbuf = self._buffers.get("dsend", kd * m * seg).reshape(kd * m, seg)
+        rbuf = self._buffers.get("drecv", m * kd * seg).reshape(m, kd, seg)
+        obuf = self._buffers.get("dout", m * seg).reshape(m, seg)
+        for i in range(rounds):
+            requests, inputs = [], []
+            for j, s in my_outputs:
+                if i < len(unions[s]):
+                    t = unions[s][i]
+                    n = segment_length(t, seg, piece)
+                    for q, (r, dq) in enumerate(stripe_inputs(s)):
+                        if t in segs[r][dq]:
+                            requests.append(gcomm.Irecv(rbuf[j, q, :n], source=r, tag=TAG_DELTA + s * m + j))
+                            inputs.append((j, q))
+            sends = []
+            for q in range(kd):
+                s = (pos - m - q) % k
+                if i < len(unions[s]) and unions[s][i] in mine[q]:
+                    t = unions[s][i]
+                    n = segment_length(t, seg, piece)
+                    buf = sbuf[q * m, :n]
+                    lo = q * piece + t * seg
+                    v = max(0, min(n, sizes[pos] - lo))
+                    buf[v:] = 0
+                    if new is not None and old is not None:
+                        np.bitwise_xor(new[lo:lo + v], old[lo:lo + v], out=buf[:v])
+                    else:
+                        buf[:v] = 0
+                    for j in range(m):
+                        sends.append(gcomm.Isend(buf, dest=stripe_symbol_owner(k, s, j), tag=TAG_DELTA + s * m + j))
+                        self.sent += n
+            MPI.Request.Waitall(requests)
+            for j, s in my_outputs:
+                if i >= len(unions[s]):
+                    continue
+                t = unions[s][i]
+                n = segment_length(t, seg, piece)
+                lo = t * seg
+                out = obuf[j, :n]
+                out[:] = base_par(j, lo, lo + n)
+                rows = [rbuf[jj, q, :n] for jj, q in inputs if jj == j]
+                coefs = [coef[j, q] for jj, q in inputs if jj == j]
+                if rows:
+                    gf_combine_into([out], np.array([coefs], np.uint8), rows)
+                if cursors[j] < lo:
+                    hashers[j].update(base_par(j, cursors[j], lo))
+                hashers[j].update(out)
+                cursors[j] = lo + n
+                if fd_out is not None:
+                    deferred.run(storage.pwrite_all, fd_out, out, written)
+                written += n
+                index[j].append(t)
+            MPI.Request.Waitall(sends)
+        for j in range(m):
+            if cursors[j] < piece:
+                hashers[j].update(base_par(j, cursors[j], piece))
+        if fd_out is not None:
+            deferred.run(os.ftruncate, fd_out, written)
+            os.close(fd_out)
+        del new, old, base_parity
+        deferred.run(storage.atomic_write_json, index_path,
+                     delta_info(base_step, plan.base[1], cfg.incremental_block, m * piece, [],
+                                segment=seg, piece=piece, parity=m, segments=index),
+                     cfg.file_mode, cfg.cache_fsync)
+        self._write_info(deferred, step, manifest.ckpt_id, self.group, pos, m, piece, sizes, manifests,
+                         [h.hexdigest() for h in hashers])
+
+    def _materialize(self, step, ckpt_id, info):
+        """Local: this rank's full parity of ``step`` from the base's parity and the delta; the
+        caller verifies it against ``info`` (the step's encoded.json). Raises when the base is
+        missing or does not match."""
+        delta_path, index_path = self._delta_paths(step)
+        idx = check_delta_info(storage.read_json(index_path), index_path)
+        m, piece = info["parity"], info["piece"]
+        segs, seg = idx.get("segments"), idx.get("segment")
+        if (idx.get("piece") != piece or idx.get("parity") != m or not isinstance(seg, int) or seg < 1
+                or not isinstance(segs, list) or len(segs) != m
+                or not all(isinstance(x, list) and all(isinstance(t, int) and 0 <= t * seg < piece for t in x)
+                           for x in segs)):
+            raise CorruptCheckpointError(f"{index_path}: bad parity delta index")
+        base_info = _check_info(storage.read_json(self._paths(idx["base_step"])[1]), self.comm.rank,
+                                idx["base_step"], idx["base_ckpt_id"], self.comm.size, index_path)
+        if base_info["piece"] != piece or base_info["parity"] != m:
+            raise CorruptCheckpointError(f"{index_path}: the base has another layout")
+        tmp = self._paths(step)[0] + ".tmp"
+        shutil.copyfile(self._paths(idx["base_step"])[0], tmp)
+        try:
+            delta = np.fromfile(delta_path, np.uint8)
+            with open(tmp, "r+b") as f:
+                f.truncate(m * piece)
+                target = np.memmap(f, np.uint8, "r+", shape=(m * piece,))
+                pos = 0          # the delta holds the segments round by round: the i-th of each j
+                for i, j in [(i, j) for i in range(max(map(len, segs), default=0)) for j in range(m)]:
+                    if i < len(segs[j]):
+                        t = segs[j][i]
+                        n = segment_length(t, seg, piece)
+                        if pos + n > delta.size:
+                            raise CorruptCheckpointError(f"{delta_path}: shorter than its index")
+                        target[j * piece + t * seg:j * piece + t * seg + n] = delta[pos:pos + n]
+                        pos += n
+                target.flush()
+                del target
+            os.replace(tmp, self._paths(step)[0])
+        finally:
+            storage.remove_file(tmp)
+
     def _write_info(self, deferred, step, ckpt_id, group, pos, m, piece, sizes, manifests, checksums):
         info = {"format": FORMAT, "version": 1, "level": self.name, "step": step, "ckpt_id": ckpt_id,
                 "group": group, "position": pos, "parity": m, "piece": piece, "sizes": sizes,
@@ -140,6 +338,8 @@ class EncodedLevel(RedundancyLevel):
         except (HpcCkptError, OSError):
             return None, False
         try:
+            if not os.path.exists(parity_path) and os.path.exists(self._delta_paths(step)[1]):
+                self._materialize(step, ckpt_id, info)   # incremental: base parity + delta, verified below
             storage.verify_file(parity_path, info["parity"] * info["piece"] if info["parity"] else 0,
                                 [(f"parity {j}", j * info["piece"], info["piece"], c)
                                  for j, c in enumerate(info["parity_checksums"])], self.cache._read_buffer())
