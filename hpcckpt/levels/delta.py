@@ -53,10 +53,12 @@ def block_digests(data, block):
 
 
 def block_digests_reference(data, block):
-    """Local, pure: the same digests from hpcckpt's NumPy XXH3 (codecs/xxh3.py)."""
-    from ..codecs.xxh3 import xxh3_64_numpy
-    return np.array([xxh3_64_numpy(np.ascontiguousarray(data[i:i + block]))
-                     for i in range(0, data.size, block)], np.uint64)
+    """Local, pure: the same digests from hpcckpt's NumPy XXH3 (codecs/xxh3.py), which covers
+    inputs over 240 bytes; a shorter last block is left to the xxhash library there too."""
+    from ..codecs.xxh3 import MIDSIZE_MAX, xxh3_64_numpy
+    pieces = [np.ascontiguousarray(data[i:i + block]) for i in range(0, data.size, block)]
+    return np.array([xxh3_64_numpy(p) if p.size > MIDSIZE_MAX else xxhash.xxh3_64_intdigest(p) for p in pieces],
+                    np.uint64)
 
 
 def changed_blocks(new, old):
@@ -94,6 +96,9 @@ def apply_blocks(target, delta, blocks, block, size):
     """Local, pure: write the compact ``delta`` (the changed blocks, concatenated) into the
     uint8 array ``target`` of ``size`` bytes at the offsets of ``blocks``."""
     pos = 0
+    if delta_bytes(blocks, block, size) != delta.size:
+        raise CorruptCheckpointError(f"the delta has {delta.size} bytes, its index "
+                                     f"{delta_bytes(blocks, block, size)}")
     for off, n in block_ranges(blocks, block, size):
         target[off:off + n] = delta[pos:pos + n]
         pos += n

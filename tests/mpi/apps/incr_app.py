@@ -6,6 +6,7 @@ pure function of (rank, s): the value at the previous checkpoint step with a cho
 blocks rewritten (--frac of them, picked by a generator seeded with (rank, s)); so a restarted
 run checks the restored array bitwise against ``value(rank, s)``. Options:
   --cache DIR --level L --ckpts S1,S2,...    the checkpoint steps (each at level L)
+  --pfs-at S                                 checkpoint step S at the pfs level instead
   --frac F                                   fraction of blocks changed between checkpoints
   --restart                                  restart() only: print RESTART <step|None> and
                                              CHECK <ok|bad> (the restored array vs value(rank, step))
@@ -28,6 +29,7 @@ p.add_argument("--frac", type=float, default=0.1)
 p.add_argument("--blocks", type=int, default=20)
 p.add_argument("--block", type=int, default=4096)
 p.add_argument("--restart", action="store_true")
+p.add_argument("--pfs-at", type=int, default=-1, help="this checkpoint step is taken at the pfs level")
 p.add_argument("--config-json", default="{}")
 a = p.parse_args()
 comm = MPI.COMM_WORLD
@@ -71,7 +73,7 @@ with hpcckpt.Checkpointer(comm, **kwargs) as ckpt:
     else:
         for s in ckpts:
             u[:] = value(s)
-            ckpt.checkpoint(s, level=a.level)
+            ckpt.checkpoint(s, level="pfs" if s == a.pfs_at else a.level)
         ckpt.wait()
         if rank == 0:
             say("DONE")
