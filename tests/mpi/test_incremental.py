@@ -1,0 +1,109 @@
+"""``incremental = true`` under real mpiexec: 4 ranks on 4 virtual nodes, keep = 1, 20 blocks of
+4 KiB per rank plus a short last block (tests/mpi/apps/incr_app.py).
+
+- chains with 0 %, 10 % and 100 % of the blocks changed between checkpoints (1, 2, 3): step 1 is
+  full, steps 2 and 3 incremental against it (deltas hold only the changed blocks; 100 % is over
+  incremental_max_changed, so every step is full); the base stays beyond keep; a node lost
+  after step 3 is rebuilt bitwise from the incremental step (background on and off);
+- a damaged base (bytes flipped in the base's copy or parity) or a missing base (its step
+  directory removed on the node that holds the redundancy), with a node lost: the incremental
+  step cannot be rebuilt, and the restart falls back to the older pfs step 2, bitwise.
+"""
+import glob
+import json
+import os
+import shutil
+
+import pytest
+
+from harness import run_mpi
+
+pytestmark = pytest.mark.mpi
+NPROCS, BLOCK, BLOCKS = 4, 4096, 20
+
+
+def app(cache, level, *args, config=None, expect_ok=True):
+    cfg = {"ranks_per_node": 1, "group_size": 4, "rs_parity": 2, "keep": 1}
+    cfg.update(config or {})
+    res = run_mpi(NPROCS, "incr_app.py", "--cache", os.path.join(cache, "node{node}"), "--level", level,
+                  "--block", BLOCK, "--blocks", BLOCKS, "--config-json", json.dumps(cfg), *args, timeout=120)
+    assert (res.returncode == 0) == expect_ok, str(res)
+    return res
+
+
+def restarted(res):
+    (step,) = res.lines("RESTART")
+    (check,) = res.lines("CHECK")
+    return (None if step == "None" else int(step)), check
+
+
+def manifest(cache, node, step):
+    (path,) = glob.glob(os.path.join(cache, f"node{node}", "app", f"step_{step:010d}", "rank_*.json"))
+    return json.load(open(path))
+
+
+def step_dirs(cache, node):
+    return sorted(int(os.path.basename(p)[5:]) for p in glob.glob(os.path.join(cache, f"node{node}", "app", "step_*")))
+
+
+def held(cache, node, step, name):
+    return os.path.join(cache, f"node{node}", "app", f"step_{step:010d}", f"held_{node:06d}", name)
+
+
+CASES = [("partner", 0.0, False), ("partner", 0.1, False), ("partner", 1.0, False), ("partner", 0.1, True),
+         ("xor", 0.1, False), ("xor", 0.1, True), ("rs", 0.1, False)]
+
+
+@pytest.mark.parametrize("level,frac,background", CASES)
+def test_chain_then_node_lost(level, frac, background, tmp_path):
+    cache = str(tmp_path / "cache")
+    app(cache, level, "--ckpts", "1,2,3", "--frac", frac, config={"background": background})
+    incremental = frac <= 0.5
+    for node in range(NPROCS):
+        base = manifest(cache, node, 3).get("base")
+        assert (base is not None and base["step"] == 1) == incremental
+        # keep = 1: step 2 retired; step 1 stays as the base of step 3 only while step 3 is incremental
+        assert step_dirs(cache, node) == ([1, 3] if incremental else [3])
+    size = BLOCKS * BLOCK + 100                     # rank 0's data; node 1 holds rank 0's partner copy
+    if level == "partner":
+        delta = held(cache, 1, 3, "partner_000000.delta")
+        if incremental:
+            assert not os.path.exists(held(cache, 1, 3, "partner_000000.dat"))
+            nbytes = os.path.getsize(delta)
+            assert nbytes == 0 if frac == 0 else 0 < nbytes <= 2 * round(frac * 21) * BLOCK   # steps 2 and 3
+        else:
+            assert os.path.getsize(held(cache, 1, 3, "partner_000000.dat")) == size
+    else:
+        if incremental:
+            assert not os.path.exists(held(cache, 0, 3, "parity.dat"))
+            full = os.path.getsize(held(cache, 0, 1, "parity.dat"))
+            nbytes = os.path.getsize(held(cache, 0, 3, "parity.delta"))
+            assert nbytes == 0 if frac == 0 else 0 < nbytes < full
+    if not incremental:
+        return           # full steps: rebuilt as without incremental (test_redundancy, test_level_conformance)
+    shutil.rmtree(os.path.join(cache, "node2"))
+    res = app(cache, level, "--ckpts", "1,2,3", "--frac", frac, "--restart")
+    assert restarted(res) == (3, "ok"), str(res)
+
+
+@pytest.mark.parametrize("level,fault", [("partner", "damaged"), ("xor", "missing"), ("xor", "damaged")])
+def test_bad_base_falls_back(level, fault, tmp_path):
+    """Step 1 partner/xor (the base), step 2 pfs, step 3 incremental against step 1; node 2 lost
+    and the base of the redundancy that would rebuild it damaged or missing: step 3 cannot be
+    rebuilt, the restart falls back to the pfs step 2 (never to wrong data)."""
+    cache = str(tmp_path / "cache")
+    app(cache, level, "--ckpts", "1,2,3", "--pfs-at", 2)
+    assert manifest(cache, 3, 3)["base"]["step"] == 1
+    holder = 3 if level == "partner" else 0          # node 3 holds rank 2's copy; node 0 a parity with rank 2's data
+    name = "partner_000002.dat" if level == "partner" else "parity.dat"
+    if fault == "damaged":     # a byte in every block: some are not overwritten by the delta
+        path = held(cache, holder, 1, name)
+        raw = bytearray(open(path, "rb").read())
+        for off in range(100, len(raw), BLOCK):
+            raw[off] ^= 0x10
+        open(path, "r+b").write(bytes(raw))
+    else:
+        shutil.rmtree(os.path.join(cache, f"node{holder}", "app", "step_0000000001"))
+    shutil.rmtree(os.path.join(cache, "node2"))
+    res = app(cache, level, "--ckpts", "1,2,3", "--pfs-at", 2, "--restart")
+    assert restarted(res) == (2, "ok"), str(res)
