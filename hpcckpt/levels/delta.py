@@ -196,7 +196,12 @@ class Chain:
         copies or parity it holds exist). Local errors go to ``deferred``."""
         cfg, size = self.cfg, manifest.data_size
         data = deferred.run(_map, self.cache.data_path(step), size)
-        digests = deferred.run(block_digests, data, cfg.incremental_block) if data is not None else None
+        known = self.cache.block_digests        # computed by the local write while the file was mapped
+        if known is not None and known[0] == step and known[1] == cfg.incremental_block \
+                and known[2].size == block_count(size, cfg.incremental_block):
+            digests = known[2]
+        else:
+            digests = deferred.run(block_digests, data, cfg.incremental_block) if data is not None else None
         if digests is not None:
             deferred.run(write_digests, digests_path(self.cache, step), cfg.incremental_block, size, digests,
                          cfg.file_mode, cfg.cache_fsync)

@@ -40,6 +40,7 @@ from .delta import Chain, check_delta_info, delta_info, piece_segments, segment_
 
 FORMAT = "hpcckpt-encoded"
 TAG_DELTA = 7200
+WAVE_BYTES = 64 << 20    # buffers of one wave of an incremental encode (levels/encoded.py _encode_delta)
 
 
 def code_matrix(kd, m):
@@ -114,6 +115,13 @@ class EncodedLevel(RedundancyLevel):
         self.chain.done(plan, manifest)
         return manifest
 
+    def _piece(self, sizes, kd):
+        """Bytes per data piece: the largest member's data over kd, rounded up to 8 bytes; with
+        ``incremental`` to a whole number of blocks, so that a changed block touches one parity
+        segment, not two."""
+        align = self.cache.cfg.incremental_block if self.chain is not None else 8
+        return max(8, -(-(-(-max(sizes) // kd)) // align) * align)
+
     def _base_ok(self, base, size):
         """Local: this rank has what an incremental step against ``base`` needs: its data of the
         base (same size) and its parity of the base."""
@@ -140,8 +148,7 @@ class EncodedLevel(RedundancyLevel):
             deferred.raise_if_any()
             return
         kd = k - m
-        per_piece = -(-max(sizes) // kd)
-        piece = max(8, (per_piece + 7) // 8 * 8)
+        piece = self._piece(sizes, kd)
         coef = code_matrix(kd, m)
         parity_path, _ = self._paths(step)
         data = deferred.run(map_range, self.cache.data_path(step), 0, sizes[pos])
@@ -187,7 +194,7 @@ class EncodedLevel(RedundancyLevel):
         cfg = self.cache.cfg
         kd = k - m
         base_step = plan.base[0]
-        piece = max(8, (-(-max(sizes) // kd) + 7) // 8 * 8)
+        piece = self._piece(sizes, kd)
         seg = cfg.incremental_block
         coef = code_matrix(kd, m)
         changed = plan.changed if plan.changed is not None else []
@@ -211,61 +218,66 @@ class EncodedLevel(RedundancyLevel):
         cursors = [0] * m
         written = 0
         index = [[] for _ in range(m)]
-        zeros_parity = np.zeros(piece, np.uint8)
-
-        def base_par(j, lo, hi):
-            return zeros_parity[:hi - lo] if base_parity is None else base_parity[j * piece + lo:j * piece + hi]
-        sbuf = self._buffers.get("dsend", kd * m * seg).reshape(kd * m, seg)
-        rbuf = self._buffers.get("drecv", m * kd * seg).reshape(m, kd, seg)
-        obuf = self._buffers.get("dout", m * seg).reshape(m, seg)
-        for i in range(rounds):
-            requests, inputs = [], []
-            for j, s in my_outputs:
-                if i < len(unions[s]):
-                    t = unions[s][i]
-                    n = segment_length(t, seg, piece)
-                    for q, (r, dq) in enumerate(stripe_inputs(s)):
-                        if t in segs[r][dq]:
-                            requests.append(gcomm.Irecv(rbuf[j, q, :n], source=r, tag=TAG_DELTA + s * m + j))
-                            inputs.append((j, q))
-            sends = []
-            for q in range(kd):
-                s = (pos - m - q) % k
-                if i < len(unions[s]) and unions[s][i] in mine[q]:
-                    t = unions[s][i]
-                    n = segment_length(t, seg, piece)
-                    buf = sbuf[q * m, :n]
-                    lo = q * piece + t * seg
-                    v = max(0, min(n, sizes[pos] - lo))
-                    buf[v:] = 0
-                    if new is not None and old is not None:
-                        np.bitwise_xor(new[lo:lo + v], old[lo:lo + v], out=buf[:v])
-                    else:
-                        buf[:v] = 0
-                    for j in range(m):
-                        sends.append(gcomm.Isend(buf, dest=stripe_symbol_owner(k, s, j), tag=TAG_DELTA + s * m + j))
-                        self.sent += n
+        def base_par(j, lo, hi):   # zeros after a local error (the exchange goes on; the error is raised)
+            return np.zeros(hi - lo, np.uint8) if base_parity is None else base_parity[j * piece + lo:j * piece + hi]
+        # Rounds: round i moves the i-th changed segment of every stripe. Rounds go in waves of
+        # up to WAVE_BYTES of buffers: all the messages of a wave are posted at once (fewer
+        # synchronisations), then its outputs are combined in order.
+        wave = max(1, WAVE_BYTES // (2 * kd * m * seg))
+        sbuf = self._buffers.get("dsend", wave * kd * seg).reshape(wave, kd, seg)
+        rbuf = self._buffers.get("drecv", wave * m * kd * seg).reshape(wave, m, kd, seg)
+        obuf = self._buffers.get("dout", seg)
+        for w0 in range(0, rounds, wave):
+            requests, sends, inputs = [], [], {}
+            for i in range(w0, min(rounds, w0 + wave)):
+                for j, s in my_outputs:
+                    if i < len(unions[s]):
+                        t = unions[s][i]
+                        n = segment_length(t, seg, piece)
+                        for q, (r, dq) in enumerate(stripe_inputs(s)):
+                            if t in segs[r][dq]:
+                                requests.append(gcomm.Irecv(rbuf[i - w0, j, q, :n], source=r,
+                                                            tag=TAG_DELTA + s * m + j))
+                                inputs.setdefault((i, j), []).append(q)
+            for i in range(w0, min(rounds, w0 + wave)):
+                for q in range(kd):
+                    s = (pos - m - q) % k
+                    if i < len(unions[s]) and unions[s][i] in mine[q]:
+                        t = unions[s][i]
+                        n = segment_length(t, seg, piece)
+                        buf = sbuf[i - w0, q, :n]
+                        lo = q * piece + t * seg
+                        v = max(0, min(n, sizes[pos] - lo))
+                        buf[v:] = 0
+                        if new is not None and old is not None:
+                            np.bitwise_xor(new[lo:lo + v], old[lo:lo + v], out=buf[:v])
+                        else:
+                            buf[:v] = 0
+                        for j in range(m):
+                            sends.append(gcomm.Isend(buf, dest=stripe_symbol_owner(k, s, j), tag=TAG_DELTA + s * m + j))
+                            self.sent += n
             MPI.Request.Waitall(requests)
-            for j, s in my_outputs:
-                if i >= len(unions[s]):
-                    continue
-                t = unions[s][i]
-                n = segment_length(t, seg, piece)
-                lo = t * seg
-                out = obuf[j, :n]
-                out[:] = base_par(j, lo, lo + n)
-                rows = [rbuf[jj, q, :n] for jj, q in inputs if jj == j]
-                coefs = [coef[j, q] for jj, q in inputs if jj == j]
-                if rows:
-                    gf_combine_into([out], np.array([coefs], np.uint8), rows)
-                if cursors[j] < lo:
-                    hashers[j].update(base_par(j, cursors[j], lo))
-                hashers[j].update(out)
-                cursors[j] = lo + n
-                if fd_out is not None:
-                    deferred.run(storage.pwrite_all, fd_out, out, written)
-                written += n
-                index[j].append(t)
+            for i in range(w0, min(rounds, w0 + wave)):
+                for j, s in my_outputs:
+                    if i >= len(unions[s]):
+                        continue
+                    t = unions[s][i]
+                    n = segment_length(t, seg, piece)
+                    lo = t * seg
+                    out = obuf[:n]
+                    out[:] = base_par(j, lo, lo + n)
+                    qs = inputs.get((i, j), [])
+                    if qs:
+                        gf_combine_into([out], np.array([[coef[j, q] for q in qs]], np.uint8),
+                                        [rbuf[i - w0, j, q, :n] for q in qs])
+                    if cursors[j] < lo:
+                        hashers[j].update(base_par(j, cursors[j], lo))
+                    hashers[j].update(out)
+                    cursors[j] = lo + n
+                    if fd_out is not None:
+                        deferred.run(storage.pwrite_all, fd_out, out, written)
+                    written += n
+                    index[j].append(t)
             MPI.Request.Waitall(sends)
         for j in range(m):
             if cursors[j] < piece:
