@@ -262,3 +262,59 @@ def piece_segments(blocks, block, size, q, piece, seg):
 def segment_length(t, seg, piece):
     """Bytes of segment ``t`` of a ``piece``-byte symbol (the last one may be shorter)."""
     return min(seg, piece - t * seg)
+
+
+def apply_segments(target, delta, segments, seg, piece):
+    """Local, pure: write the parity delta (the changed segments of each parity j, round by
+    round: the i-th of parity 0, the i-th of parity 1, ...) into ``target``, the m parity
+    symbols of ``piece`` bytes back to back. CorruptCheckpointError when the sizes disagree."""
+    pos = 0
+    for i in range(max(map(len, segments), default=0)):
+        for j, segs in enumerate(segments):
+            if i < len(segs):
+                t = segs[i]
+                n = segment_length(t, seg, piece)
+                if pos + n > delta.size:
+                    raise CorruptCheckpointError(f"the parity delta has {delta.size} bytes, its index more")
+                target[j * piece + t * seg:j * piece + t * seg + n] = delta[pos:pos + n]
+                pos += n
+    if pos != delta.size:
+        raise CorruptCheckpointError(f"the parity delta has {delta.size} bytes, its index {pos}")
+
+
+def check_parity_index(idx, m, piece, where):
+    """Validate the parity-specific keys of a parity delta index; returns (segments, segment)."""
+    segs, seg = idx.get("segments"), idx.get("segment")
+    if (idx.get("piece") != piece or idx.get("parity") != m or not isinstance(seg, int) or isinstance(seg, bool)
+            or seg < 1 or not isinstance(segs, list) or len(segs) != m
+            or not all(isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                   and 0 <= t * seg < piece for t in x)
+                       and all(a < b for a, b in zip(x, x[1:])) for x in segs)):
+        raise CorruptCheckpointError(f"{where}: bad parity delta index")
+    return segs, seg
+
+
+def materialize_held(held_dir, name, size):
+    """Local: the full bytes (uint8 array of ``size``) of held file ``name`` (``partner_<R>.dat``
+    or ``parity.dat``) of an incremental step from the base step's file and the delta beside it
+    (``hpcckpt verify``). Raises CorruptCheckpointError or OSError when that cannot be done; the
+    caller verifies the result against its checksums."""
+    stem = name[:-4]
+    index_path = os.path.join(held_dir, stem + ".delta.json")
+    idx = check_delta_info(storage.read_json(index_path), index_path)
+    step_dir = os.path.dirname(os.path.abspath(held_dir))
+    base_held = os.path.join(os.path.dirname(step_dir), f"step_{idx['base_step']:010d}", os.path.basename(held_dir))
+    base = np.fromfile(os.path.join(base_held, name), np.uint8)
+    if base.size != size or idx["data_size"] != size:
+        raise CorruptCheckpointError(f"{index_path}: the base step {idx['base_step']} has no {name} of {size} bytes")
+    delta = np.fromfile(os.path.join(held_dir, stem + ".delta"), np.uint8)
+    if name == "parity.dat":
+        m = idx.get("parity")
+        piece = idx.get("piece")
+        if not isinstance(m, int) or not isinstance(piece, int) or m < 1 or m * piece != size:
+            raise CorruptCheckpointError(f"{index_path}: bad parity delta index")
+        segs, seg = check_parity_index(idx, m, piece, index_path)
+        apply_segments(base, delta, segs, seg, piece)
+    else:
+        apply_blocks(base, delta, idx["blocks"], idx["block"], size)
+    return base

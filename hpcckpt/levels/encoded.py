@@ -36,7 +36,8 @@ from ..topology import encoding_groups
 from .combine import Buffers, gather_combine, map_range
 from ..comm import Deferred
 from .base import RedundancyLevel
-from .delta import Chain, check_delta_info, delta_info, piece_segments, segment_length
+from .delta import (Chain, apply_segments, check_delta_info, check_parity_index, delta_info, piece_segments,
+                    segment_length)
 
 FORMAT = "hpcckpt-encoded"
 TAG_DELTA = 7200
@@ -294,18 +295,13 @@ class EncodedLevel(RedundancyLevel):
                          [h.hexdigest() for h in hashers])
 
     def _materialize(self, step, ckpt_id, info):
-        """Local: this rank's full parity of ``step`` from the base's parity and the delta; the
-        caller verifies it against ``info`` (the step's encoded.json). Raises when the base is
-        missing or does not match."""
+        """Local: this rank's full parity of ``step`` from the base's parity and the delta,
+        verified against ``info`` (the step's encoded.json) before it is renamed into place.
+        Raises when the base is missing, does not match, or the result does not verify."""
         delta_path, index_path = self._delta_paths(step)
         idx = check_delta_info(storage.read_json(index_path), index_path)
         m, piece = info["parity"], info["piece"]
-        segs, seg = idx.get("segments"), idx.get("segment")
-        if (idx.get("piece") != piece or idx.get("parity") != m or not isinstance(seg, int) or seg < 1
-                or not isinstance(segs, list) or len(segs) != m
-                or not all(isinstance(x, list) and all(isinstance(t, int) and 0 <= t * seg < piece for t in x)
-                           for x in segs)):
-            raise CorruptCheckpointError(f"{index_path}: bad parity delta index")
+        segs, seg = check_parity_index(idx, m, piece, index_path)
         base_info = _check_info(storage.read_json(self._paths(idx["base_step"])[1]), self.comm.rank,
                                 idx["base_step"], idx["base_ckpt_id"], self.comm.size, index_path)
         if base_info["piece"] != piece or base_info["parity"] != m:
@@ -313,21 +309,15 @@ class EncodedLevel(RedundancyLevel):
         tmp = self._paths(step)[0] + ".tmp"
         shutil.copyfile(self._paths(idx["base_step"])[0], tmp)
         try:
-            delta = np.fromfile(delta_path, np.uint8)
             with open(tmp, "r+b") as f:
                 f.truncate(m * piece)
                 target = np.memmap(f, np.uint8, "r+", shape=(m * piece,))
-                pos = 0          # the delta holds the segments round by round: the i-th of each j
-                for i, j in [(i, j) for i in range(max(map(len, segs), default=0)) for j in range(m)]:
-                    if i < len(segs[j]):
-                        t = segs[j][i]
-                        n = segment_length(t, seg, piece)
-                        if pos + n > delta.size:
-                            raise CorruptCheckpointError(f"{delta_path}: shorter than its index")
-                        target[j * piece + t * seg:j * piece + t * seg + n] = delta[pos:pos + n]
-                        pos += n
+                apply_segments(target, np.fromfile(delta_path, np.uint8), segs, seg, piece)
                 target.flush()
                 del target
+            storage.verify_file(tmp, m * piece, [(f"parity {j}", j * piece, piece, c)
+                                                 for j, c in enumerate(info["parity_checksums"])],
+                                self.cache._read_buffer())
             os.replace(tmp, self._paths(step)[0])
         finally:
             storage.remove_file(tmp)

@@ -4,7 +4,8 @@
 - chains with 0 %, 10 % and 100 % of the blocks changed between checkpoints (1, 2, 3): step 1 is
   full, steps 2 and 3 incremental against it (deltas hold only the changed blocks; 100 % is over
   incremental_max_changed, so every step is full); the base stays beyond keep; a node lost
-  after step 3 is rebuilt bitwise from the incremental step (background on and off);
+  after step 3 is rebuilt bitwise from the incremental step (background on and off); `hpcckpt
+  verify` checks the incremental copies and parity (base + delta) as intact;
 - a damaged base (bytes flipped in the base's copy or parity) or a missing base (its step
   directory removed on the node that holds the redundancy), with a node lost: the incremental
   step cannot be rebuilt, and the restart falls back to the older pfs step 2, bitwise.
@@ -13,6 +14,8 @@ import glob
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -81,6 +84,10 @@ def test_chain_then_node_lost(level, frac, background, tmp_path):
             assert nbytes == 0 if frac == 0 else 0 < nbytes < full
     if not incremental:
         return           # full steps: rebuilt as without incremental (test_redundancy, test_level_conformance)
+    # hpcckpt verify rebuilds each incremental copy / parity in memory from its base and delta
+    res = subprocess.run([sys.executable, "-m", "hpcckpt", "verify", cache], capture_output=True, text=True,
+                         timeout=60, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0 and "DAMAGED" not in res.stdout, res.stdout + res.stderr
     shutil.rmtree(os.path.join(cache, "node2"))
     res = app(cache, level, "--ckpts", "1,2,3", "--frac", frac, "--restart")
     assert restarted(res) == (3, "ok"), str(res)
@@ -104,6 +111,9 @@ def test_bad_base_falls_back(level, fault, tmp_path):
         open(path, "r+b").write(bytes(raw))
     else:
         shutil.rmtree(os.path.join(cache, f"node{holder}", "app", "step_0000000001"))
+    res = subprocess.run([sys.executable, "-m", "hpcckpt", "verify", cache], capture_output=True, text=True,
+                         timeout=60, stdin=subprocess.DEVNULL)
+    assert res.returncode != 0 and "incremental" in res.stdout, res.stdout + res.stderr
     shutil.rmtree(os.path.join(cache, "node2"))
     res = app(cache, level, "--ckpts", "1,2,3", "--pfs-at", 2, "--restart")
     assert restarted(res) == (2, "ok"), str(res)

@@ -141,3 +141,23 @@ def test_manifest_base_roundtrip():
         doc["base"] = bad
         with pytest.raises(CorruptCheckpointError):
             mf.parse(mf.sign(doc), "x")
+
+
+def test_apply_segments_round_by_round():
+    piece, seg = 10000, 4096                      # 3 segments per symbol, the last one short
+    base = np.zeros(2 * piece, np.uint8)
+    segments = [[0, 2], [1]]                      # parity 0: segments 0 and 2; parity 1: segment 1
+    lens = [4096, 4096, 1808]
+    # order: round 0: parity 0 seg 0, parity 1 seg 1; round 1: parity 0 seg 2
+    chunks = [np.full(lens[0], 1, np.uint8), np.full(lens[1], 2, np.uint8), np.full(lens[2], 3, np.uint8)]
+    delta.apply_segments(base, np.concatenate(chunks), segments, seg, piece)
+    assert (base[:4096] == 1).all() and (base[4096:8192] == 0).all() and (base[8192:piece] == 3).all()
+    assert (base[piece:piece + 4096] == 0).all() and (base[piece + 4096:piece + 8192] == 2).all()
+    with pytest.raises(CorruptCheckpointError):
+        delta.apply_segments(base, np.zeros(10, np.uint8), segments, seg, piece)
+    idx = {"segments": segments, "segment": seg, "piece": piece, "parity": 2}
+    assert delta.check_parity_index(idx, 2, piece, "x") == (segments, seg)
+    for bad in ({**idx, "segments": [[2, 0], [1]]}, {**idx, "segments": [[3], [1]]}, {**idx, "parity": 1},
+                {**idx, "segment": 0}):
+        with pytest.raises(CorruptCheckpointError):
+            delta.check_parity_index(bad, 2, piece, "x")
