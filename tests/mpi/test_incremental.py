@@ -6,6 +6,9 @@
   incremental_max_changed, so every step is full); the base stays beyond keep; a node lost
   after step 3 is rebuilt bitwise from the incremental step (background on and off); `hpcckpt
   verify` checks the incremental copies and parity (base + delta) as intact;
+- retention: with keep = 2 and incremental_full_every = 2 the kept steps and their base stay; a
+  local checkpoint between two partner ones does not retire the base (keep = 1); after a restart
+  the first checkpoint is full (a new base) and the old base goes;
 - a damaged base (bytes flipped in the base's copy or parity) or a missing base (its step
   directory removed on the node that holds the redundancy), with a node lost: the incremental
   step cannot be rebuilt, and the restart falls back to the older pfs step 2, bitwise.
@@ -117,3 +120,28 @@ def test_bad_base_falls_back(level, fault, tmp_path):
     shutil.rmtree(os.path.join(cache, "node2"))
     res = app(cache, level, "--ckpts", "1,2,3", "--pfs-at", 2, "--restart")
     assert restarted(res) == (2, "ok"), str(res)
+
+
+def test_retention_full_every_and_keep(tmp_path):
+    cache = str(tmp_path / "cache")
+    app(cache, "partner", "--ckpts", "1,2,3,4,5,6", config={"keep": 2, "incremental_full_every": 2})
+    # 1 full, 2 and 3 against 1, 4 full (after 2 incremental ones), 5 and 6 against 4
+    assert [manifest(cache, 0, s).get("base", {}).get("step") for s in (4, 5, 6)] == [None, 4, 4]
+    assert step_dirs(cache, 0) == [4, 5, 6]                # keep = 2: 5 and 6, and their base 4
+    shutil.rmtree(os.path.join(cache, "node1"))
+    res = app(cache, "partner", "--ckpts", "1,2,3,4,5,6", "--restart")
+    assert restarted(res) == (6, "ok"), str(res)
+
+
+def test_local_between_and_restart_then_full(tmp_path):
+    cache = str(tmp_path / "cache")
+    app(cache, "xor", "--ckpts", "1,2,3", "--local-at", 2)
+    assert manifest(cache, 0, 3)["base"]["step"] == 1       # the base outlived the local step 2 (keep = 1)
+    assert step_dirs(cache, 0) == [1, 3]
+    res = app(cache, "xor", "--ckpts", "1,2,3,4,5", "--restart", "--more", "4,5")
+    assert restarted(res) == (3, "ok"), str(res)
+    assert "base" not in manifest(cache, 0, 4) and manifest(cache, 0, 5)["base"]["step"] == 4
+    assert step_dirs(cache, 0) == [4, 5]                    # the old base 1 retired with step 3
+    shutil.rmtree(os.path.join(cache, "node3"))
+    res = app(cache, "xor", "--ckpts", "1,2,3,4,5", "--restart")
+    assert restarted(res) == (5, "ok"), str(res)

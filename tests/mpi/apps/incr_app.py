@@ -6,7 +6,8 @@ pure function of (rank, s): the value at the previous checkpoint step with a cho
 blocks rewritten (--frac of them, picked by a generator seeded with (rank, s)); so a restarted
 run checks the restored array bitwise against ``value(rank, s)``. Options:
   --cache DIR --level L --ckpts S1,S2,...    the checkpoint steps (each at level L)
-  --pfs-at S                                 checkpoint step S at the pfs level instead
+  --pfs-at S / --local-at S                  checkpoint step S at the pfs / local level instead
+  --more S,...                               with --restart: then go on checkpointing these steps
   --frac F                                   fraction of blocks changed between checkpoints
   --restart                                  restart() only: print RESTART <step|None> and
                                              CHECK <ok|bad> (the restored array vs value(rank, step))
@@ -30,6 +31,8 @@ p.add_argument("--blocks", type=int, default=20)
 p.add_argument("--block", type=int, default=4096)
 p.add_argument("--restart", action="store_true")
 p.add_argument("--pfs-at", type=int, default=-1, help="this checkpoint step is taken at the pfs level")
+p.add_argument("--local-at", type=int, default=-1, help="this checkpoint step is taken at the local level")
+p.add_argument("--more", default="", help="with --restart: then checkpoint these steps (of --ckpts) too")
 p.add_argument("--config-json", default="{}")
 a = p.parse_args()
 comm = MPI.COMM_WORLD
@@ -70,10 +73,13 @@ with hpcckpt.Checkpointer(comm, **kwargs) as ckpt:
         if rank == 0:
             say(f"RESTART {step}")
             say(f"CHECK {'ok' if ok else 'bad'}")
+        for s in [int(x) for x in a.more.split(",") if x]:
+            u[:] = value(s)
+            ckpt.checkpoint(s, level=a.level)
     else:
         for s in ckpts:
             u[:] = value(s)
-            ckpt.checkpoint(s, level="pfs" if s == a.pfs_at else a.level)
+            ckpt.checkpoint(s, level="pfs" if s == a.pfs_at else "local" if s == a.local_at else a.level)
         ckpt.wait()
         if rank == 0:
             say("DONE")
