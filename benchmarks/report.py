@@ -256,7 +256,8 @@ def table(d):
                    + " (rs: no target); sent per rank "
                    + ", ".join(f"{lv} {med[lv]['incremental']['sent_bytes'] / 2**20:.0f} vs {med[lv]['full']['sent_bytes'] / 2**20:.0f} MiB"
                                for lv in ("partner", "xor", "rs") if lv in med)
-                   + f" | {mark(all(t['met'] for t in inc['targets'].values()), comparable=incremental_comparable(inc))} |")
+                   + " | " + "; ".join(f"{lv} {mark(t['met'], comparable=incremental_comparable(inc))}"
+                                        for lv, t in inc["targets"].items()) + " |")
     if asy:
         s = asy["summary"]
         out.append(f"| (no target) async flush: flush time given back to the application | "

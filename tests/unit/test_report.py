@@ -105,7 +105,7 @@ def _incremental(tmp_path, mib, partner, xor):
 
 
 def test_incremental_target(tmp_path):
-    assert _incremental(tmp_path, 64, 0.4, 0.5).endswith("| **met** |")
+    assert _incremental(tmp_path, 64, 0.4, 0.5).endswith("| partner **met**; xor **met** |")
     line = _incremental(tmp_path, 64, 0.4, 0.7)
-    assert line.endswith("| **not met** |") and "xor 70 vs 100 ms = 0.70×" in line
-    assert _incremental(tmp_path, 16, 0.4, 0.5).endswith("| **not comparable** |")
+    assert line.endswith("| partner **met**; xor **not met** |") and "xor 70 vs 100 ms = 0.70×" in line
+    assert _incremental(tmp_path, 16, 0.4, 0.5).endswith("| partner **not comparable**; xor **not comparable** |")
