@@ -34,6 +34,7 @@ from ..codecs.rs import gf_combine_into, rs_parity_matrix
 from ..errors import CorruptCheckpointError, HpcCkptError
 from ..topology import encoding_groups
 from .combine import Buffers, gather_combine, map_range
+from .transfer import read_range
 from ..comm import Deferred
 from .base import RedundancyLevel
 from .delta import (Chain, apply_segments, check_delta_info, check_parity_index, delta_info, piece_segments,
@@ -201,9 +202,12 @@ class EncodedLevel(RedundancyLevel):
         changed = plan.changed if plan.changed is not None else []
         mine = [piece_segments(changed, cfg.incremental_block, sizes[pos], q, piece, seg) for q in range(kd)]
         segs = gcomm.allgather(mine)        # per member, per data piece: its changed segments
-        new = plan.data
-        old = deferred.run(map_range, self.cache.data_path(base_step), 0, sizes[pos])
-        base_parity = deferred.run(map_range, self._paths(base_step)[0], 0, m * piece)
+        # read with pread into buffers, not through maps: only a tenth of each file is read, and
+        # faulting in its pages one by one costs more than the copy
+        ro = os.O_RDONLY | os.O_NOFOLLOW
+        fd_new = deferred.run(os.open, self.cache.data_path(step), ro)
+        fd_old = deferred.run(os.open, self.cache.data_path(base_step), ro)
+        fd_par = deferred.run(os.open, self._paths(base_step)[0], ro)
         delta_path, index_path = self._delta_paths(step)
         deferred.run(storage.makedirs, self.cache.held_dir(step), cfg.dir_mode)
         fd_out = deferred.run(os.open, delta_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
@@ -219,8 +223,19 @@ class EncodedLevel(RedundancyLevel):
         cursors = [0] * m
         written = 0
         index = [[] for _ in range(m)]
-        def base_par(j, lo, hi):   # zeros after a local error (the exchange goes on; the error is raised)
-            return np.zeros(hi - lo, np.uint8) if base_parity is None else base_parity[j * piece + lo:j * piece + hi]
+        scratch = self._buffers.get("dscratch", seg)
+
+        def read_into(fd, buf, offset):   # zeros after a local error (the exchange goes on; it is raised after)
+            if fd is None or deferred.error is not None:
+                buf.fill(0)
+            elif deferred.run(read_range, fd, buf, offset) is None:
+                buf.fill(0)
+
+        def hash_base(j, lo, hi):         # base parity j, bytes [lo, hi), into the new parity's checksum
+            for at in range(lo, hi, seg):
+                view = scratch[:min(seg, hi - at)]
+                read_into(fd_par, view, j * piece + at)
+                hashers[j].update(view)
         # Rounds: round i moves the i-th changed segment of every stripe. Rounds go in waves of
         # up to WAVE_BYTES of buffers: all the messages of a wave are posted at once (fewer
         # synchronisations), then its outputs are combined in order.
@@ -250,10 +265,9 @@ class EncodedLevel(RedundancyLevel):
                         lo = q * piece + t * seg
                         v = max(0, min(n, sizes[pos] - lo))
                         buf[v:] = 0
-                        if new is not None and old is not None:
-                            np.bitwise_xor(new[lo:lo + v], old[lo:lo + v], out=buf[:v])
-                        else:
-                            buf[:v] = 0
+                        read_into(fd_new, buf[:v], lo)
+                        read_into(fd_old, scratch[:v], lo)
+                        np.bitwise_xor(buf[:v], scratch[:v], out=buf[:v])
                         for j in range(m):
                             sends.append(gcomm.Isend(buf, dest=stripe_symbol_owner(k, s, j), tag=TAG_DELTA + s * m + j))
                             self.sent += n
@@ -266,13 +280,13 @@ class EncodedLevel(RedundancyLevel):
                     n = segment_length(t, seg, piece)
                     lo = t * seg
                     out = obuf[:n]
-                    out[:] = base_par(j, lo, lo + n)
+                    read_into(fd_par, out, j * piece + lo)
                     qs = inputs.get((i, j), [])
                     if qs:
                         gf_combine_into([out], np.array([[coef[j, q] for q in qs]], np.uint8),
                                         [rbuf[i - w0, j, q, :n] for q in qs])
                     if cursors[j] < lo:
-                        hashers[j].update(base_par(j, cursors[j], lo))
+                        hash_base(j, cursors[j], lo)
                     hashers[j].update(out)
                     cursors[j] = lo + n
                     if fd_out is not None:
@@ -282,11 +296,13 @@ class EncodedLevel(RedundancyLevel):
             MPI.Request.Waitall(sends)
         for j in range(m):
             if cursors[j] < piece:
-                hashers[j].update(base_par(j, cursors[j], piece))
+                hash_base(j, cursors[j], piece)
         if fd_out is not None:
             deferred.run(os.ftruncate, fd_out, written)
             os.close(fd_out)
-        del new, old, base_parity
+        for fd in (fd_new, fd_old, fd_par):
+            if fd is not None:
+                os.close(fd)
         deferred.run(storage.atomic_write_json, index_path,
                      delta_info(base_step, plan.base[1], cfg.incremental_block, m * piece, [],
                                 segment=seg, piece=piece, parity=m, segments=index),
