@@ -300,7 +300,10 @@ def _parity_table(doc, holder):
         raise ValueError(f"its group {group!r} does not list its holder, rank {holder}")
     if not isinstance(doc.get("ckpt_id"), str) or not isinstance(doc.get("level"), str):
         raise ValueError("its ckpt_id or level is missing")
-    return {"size": m * piece, "entries": [(f"parity {j}", j * piece, piece, c) for j, c in enumerate(sums)],
+    from .levels.delta import SEGMENTS_ONLY, parity_entries, segment_sums_ok
+    if m and any(c == SEGMENTS_ONLY for c in sums) and not segment_sums_ok(doc, m, piece, doc.get("segment")):
+        raise ValueError("bad segment checksums")     # an incremental step's parity: one checksum per segment
+    return {"size": m * piece, "entries": parity_entries(doc),
             "group": list(group), "parity": m, "level": doc["level"], "ckpt_id": doc["ckpt_id"]}
 
 

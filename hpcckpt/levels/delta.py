@@ -25,12 +25,12 @@ import struct
 
 import numpy as np
 import xxhash
-from mpi4py import MPI
 
 from .. import storage
 from ..errors import CorruptCheckpointError
 
 MAGIC = b"HCKBLKS1"
+SEGMENTS_ONLY = "segments"   # parity_checksums of an incremental xor/rs step: see segment_checksums
 _HEADER = struct.Struct("<8sQQQ")        # magic, block bytes, data bytes, number of blocks
 DELTA_FORMAT = "hpcckpt-delta"
 
@@ -219,6 +219,7 @@ class Chain:
         nblocks = max(1, block_count(size, cfg.incremental_block))
         frac = 0 if changed is None else -(-len(changed) * 1_000_000 // nblocks)
         mine = -1 if self.base is None else self.base[0]
+        from mpi4py import MPI      # here: `hpcckpt verify` reads deltas without MPI
         words = np.array([0 if ok else 1, frac, mine, -mine], np.int64)
         comm.Allreduce(MPI.IN_PLACE, words, op=MPI.MAX)
         incremental = (words[0] == 0 and words[2] == -words[3] and words[2] >= 0
@@ -318,3 +319,23 @@ def materialize_held(held_dir, name, size):
     else:
         apply_blocks(base, delta, idx["blocks"], idx["block"], size)
     return base
+
+
+def segment_sums_ok(info, m, piece, seg):
+    """Local, pure: ``info`` has a checksum for each ``seg``-byte segment of its m parities."""
+    sums, nseg = info.get("segment_checksums"), -(-piece // seg)
+    return (info.get("segment") == seg and isinstance(sums, list) and len(sums) == m
+            and all(isinstance(x, list) and len(x) == nseg and all(isinstance(c, str) and c for c in x) for x in sums))
+
+
+def parity_entries(info):
+    """Local, pure: what parity.dat of a validated encoded.json is checked against, as (name,
+    offset, nbytes, checksum): a checksum per parity symbol, or per segment of each symbol
+    (incremental steps: ``segment_checksums``; full steps with ``incremental`` have both, and
+    the whole-symbol ones are used)."""
+    m, piece = info["parity"], info["piece"]
+    if m and all(c == SEGMENTS_ONLY for c in info["parity_checksums"]):
+        seg = info["segment"]
+        return [(f"parity {j} segment {t}", j * piece + t * seg, min(seg, piece - t * seg), c)
+                for j, sums in enumerate(info["segment_checksums"]) for t, c in enumerate(sums)]
+    return [(f"parity {j}", j * piece, piece, c) for j, c in enumerate(info["parity_checksums"])]

@@ -25,6 +25,7 @@ import os
 import shutil
 
 import numpy as np
+import xxhash
 from mpi4py import MPI
 
 from .. import faults, manifest as mf, storage
@@ -37,8 +38,8 @@ from .combine import Buffers, gather_combine, map_range
 from .transfer import read_range
 from ..comm import Deferred
 from .base import RedundancyLevel
-from .delta import (Chain, apply_segments, check_delta_info, check_parity_index, delta_info, piece_segments,
-                    segment_length)
+from .delta import (SEGMENTS_ONLY, Chain, apply_segments, check_delta_info, check_parity_index, delta_info,
+                    parity_entries, piece_segments, segment_length, segment_sums_ok)
 
 FORMAT = "hpcckpt-encoded"
 TAG_DELTA = 7200
@@ -92,6 +93,8 @@ class EncodedLevel(RedundancyLevel):
             self._gcomm = None
 
     def _segment(self):
+        if self.chain is not None:   # one sink call per parity segment (segment checksums)
+            return self.cache.cfg.incremental_block
         return max(8, self.cache.cfg.io_chunk // 8 * 8)
 
     # ------------------------------------------------------------------ encode
@@ -132,7 +135,9 @@ class EncodedLevel(RedundancyLevel):
             return False
         info = storage.read_json(info_path)
         return info.get("group") == self.group and info.get("piece") and \
-            os.path.getsize(parity_path) == info["parity"] * info["piece"]
+            os.path.getsize(parity_path) == info["parity"] * info["piece"] and \
+            info.get("segment") == self.cache.cfg.incremental_block and \
+            isinstance(info.get("segment_checksums"), list) and len(info["segment_checksums"]) == info["parity"]
 
     def _encode(self, step, manifest, plan, deferred):
         gcomm, group = self._group_comm(), self.group
@@ -170,9 +175,13 @@ class EncodedLevel(RedundancyLevel):
             self.sent += m * valid(pos, q)
         hashers = [new_hasher() for _ in range(m)]
 
+        segment_sums = [[] for _ in range(m)] if self.chain is not None else None
+
         def sink(j):
             def write(off, view):
                 hashers[j].update(view)
+                if segment_sums is not None:     # views are whole segments (_segment, piece aligned)
+                    segment_sums[j].append(xxhash.xxh3_64_hexdigest(view))
                 if fd_out is not None:
                     deferred.run(storage.pwrite_all, fd_out, view, j * piece + off)
             return write
@@ -187,7 +196,8 @@ class EncodedLevel(RedundancyLevel):
             deferred.run(os.ftruncate, fd_out, m * piece)
             os.close(fd_out)
         self._write_info(deferred, step, manifest.ckpt_id, group, pos, m, piece, sizes, manifests,
-                         [h.hexdigest() for h in hashers])
+                         [h.hexdigest() for h in hashers],
+                         None if segment_sums is None else (self._segment(), segment_sums))
         deferred.raise_if_any()
 
     def _encode_delta(self, step, manifest, plan, deferred, gcomm, k, pos, m, sizes, manifests):
@@ -219,8 +229,11 @@ class EncodedLevel(RedundancyLevel):
         unions = [sorted(set().union(*(segs[r][q] for r, q in stripe_inputs(s)))) for s in range(k)]
         rounds = max(len(u) for u in unions)
         my_outputs = [(j, (pos - j) % k) for j in range(m)]              # parity j of stripe pos - j
-        hashers = [new_hasher() for _ in range(m)]
-        cursors = [0] * m
+        # the new parity's segment checksums: the base's, with those of the changed segments replaced
+        base_info = deferred.run(storage.read_json, self._paths(base_step)[1])
+        nseg = -(-piece // seg)
+        sums = [list(x) for x in base_info["segment_checksums"]] if base_info is not None \
+            and segment_sums_ok(base_info, m, piece, seg) else [[""] * nseg for _ in range(m)]
         written = 0
         index = [[] for _ in range(m)]
         scratch = self._buffers.get("dscratch", seg)
@@ -231,11 +244,6 @@ class EncodedLevel(RedundancyLevel):
             elif deferred.run(read_range, fd, buf, offset) is None:
                 buf.fill(0)
 
-        def hash_base(j, lo, hi):         # base parity j, bytes [lo, hi), into the new parity's checksum
-            for at in range(lo, hi, seg):
-                view = scratch[:min(seg, hi - at)]
-                read_into(fd_par, view, j * piece + at)
-                hashers[j].update(view)
         # Rounds: round i moves the i-th changed segment of every stripe. Rounds go in waves of
         # up to WAVE_BYTES of buffers: all the messages of a wave are posted at once (fewer
         # synchronisations), then its outputs are combined in order.
@@ -285,18 +293,12 @@ class EncodedLevel(RedundancyLevel):
                     if qs:
                         gf_combine_into([out], np.array([[coef[j, q] for q in qs]], np.uint8),
                                         [rbuf[i - w0, j, q, :n] for q in qs])
-                    if cursors[j] < lo:
-                        hash_base(j, cursors[j], lo)
-                    hashers[j].update(out)
-                    cursors[j] = lo + n
+                    sums[j][t] = xxhash.xxh3_64_hexdigest(out)
                     if fd_out is not None:
                         deferred.run(storage.pwrite_all, fd_out, out, written)
                     written += n
                     index[j].append(t)
             MPI.Request.Waitall(sends)
-        for j in range(m):
-            if cursors[j] < piece:
-                hash_base(j, cursors[j], piece)
         if fd_out is not None:
             deferred.run(os.ftruncate, fd_out, written)
             os.close(fd_out)
@@ -307,8 +309,10 @@ class EncodedLevel(RedundancyLevel):
                      delta_info(base_step, plan.base[1], cfg.incremental_block, m * piece, [],
                                 segment=seg, piece=piece, parity=m, segments=index),
                      cfg.file_mode, cfg.cache_fsync)
+        # parity_checksums of a whole symbol cannot be had without reading the base's parity:
+        # the segment checksums stand in for them (SEGMENTS_ONLY; _parity_entries)
         self._write_info(deferred, step, manifest.ckpt_id, self.group, pos, m, piece, sizes, manifests,
-                         [h.hexdigest() for h in hashers])
+                         [SEGMENTS_ONLY] * m, (seg, sums))
 
     def _materialize(self, step, ckpt_id, info):
         """Local: this rank's full parity of ``step`` from the base's parity and the delta,
@@ -331,17 +335,17 @@ class EncodedLevel(RedundancyLevel):
                 apply_segments(target, np.fromfile(delta_path, np.uint8), segs, seg, piece)
                 target.flush()
                 del target
-            storage.verify_file(tmp, m * piece, [(f"parity {j}", j * piece, piece, c)
-                                                 for j, c in enumerate(info["parity_checksums"])],
-                                self.cache._read_buffer())
+            storage.verify_file(tmp, m * piece, parity_entries(info), self.cache._read_buffer())
             os.replace(tmp, self._paths(step)[0])
         finally:
             storage.remove_file(tmp)
 
-    def _write_info(self, deferred, step, ckpt_id, group, pos, m, piece, sizes, manifests, checksums):
+    def _write_info(self, deferred, step, ckpt_id, group, pos, m, piece, sizes, manifests, checksums, segments=None):
         info = {"format": FORMAT, "version": 1, "level": self.name, "step": step, "ckpt_id": ckpt_id,
                 "group": group, "position": pos, "parity": m, "piece": piece, "sizes": sizes,
                 "manifests": manifests, "parity_checksums": checksums}
+        if segments is not None:     # incremental: (segment bytes, [[checksum of each segment] per parity])
+            info["segment"], info["segment_checksums"] = segments
         deferred.run(storage.makedirs, self.cache.held_dir(step), self.cache.cfg.dir_mode)
         deferred.run(storage.atomic_write_json, self._paths(step)[1], info, self.cache.cfg.file_mode,
                      self.cache.cfg.cache_fsync)
@@ -359,8 +363,7 @@ class EncodedLevel(RedundancyLevel):
             if not os.path.exists(parity_path) and os.path.exists(self._delta_paths(step)[1]):
                 self._materialize(step, ckpt_id, info)   # incremental: base parity + delta, verified below
             storage.verify_file(parity_path, info["parity"] * info["piece"] if info["parity"] else 0,
-                                [(f"parity {j}", j * info["piece"], info["piece"], c)
-                                 for j, c in enumerate(info["parity_checksums"])], self.cache._read_buffer())
+                                parity_entries(info), self.cache._read_buffer())
             return info, True
         except (HpcCkptError, OSError):
             return info, False
@@ -527,6 +530,10 @@ def _check_info(info, rank, step, ckpt_id, world_size, where):
         raise bad("bad member manifests")
     if not isinstance(checks, list) or len(checks) != m or not all(isinstance(c, str) for c in checks):
         raise bad("bad parity checksums")
+    if "segment_checksums" in info or any(c == SEGMENTS_ONLY for c in checks):
+        seg = info.get("segment")
+        if not isinstance(seg, int) or isinstance(seg, bool) or seg < 8 or not segment_sums_ok(info, m, piece, seg):
+            raise bad("bad segment checksums")
     return info
 
 
