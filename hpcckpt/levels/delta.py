@@ -206,7 +206,8 @@ class Chain:
             deferred.run(write_digests, digests_path(self.cache, step), cfg.incremental_block, size, digests,
                          cfg.file_mode, cfg.cache_fsync)
         changed, ok = None, False
-        if self.base is not None and digests is not None and deferred.error is None:
+        if self.base is not None and digests is not None and deferred.error is None \
+                and self.since < cfg.incremental_full_every:
             base_step, _, base_size = self.base
             old = read_digests(digests_path(self.cache, base_step), cfg.incremental_block, size) \
                 if base_size == size else None
@@ -222,9 +223,8 @@ class Chain:
         from mpi4py import MPI      # here: `hpcckpt verify` reads deltas without MPI
         words = np.array([0 if ok else 1, frac, mine, -mine], np.int64)
         comm.Allreduce(MPI.IN_PLACE, words, op=MPI.MAX)
-        incremental = (words[0] == 0 and words[2] == -words[3] and words[2] >= 0
-                       and words[1] <= cfg.incremental_max_changed * 1_000_000
-                       and self.since < cfg.incremental_full_every)
+        incremental = (words[0] == 0 and words[2] == -words[3] and words[2] >= 0      # decided on reduced
+                       and words[1] <= cfg.incremental_max_changed * 1_000_000)      # values only: the same everywhere
         base = (self.base[0], self.base[1]) if incremental else None
         return Plan(base, digests, changed if incremental else None, data)
 
