@@ -9,6 +9,7 @@
 - retention: with keep = 2 and incremental_full_every = 2 the kept steps and their base stay; a
   local checkpoint between two partner ones does not retire the base (keep = 1); after a restart
   the first checkpoint is full (a new base) and the old base goes;
+- a base that vanished on one node before a checkpoint: that checkpoint is full, not an error;
 - a damaged base (bytes flipped in the base's copy or parity) or a missing base (its step
   directory removed on the node that holds the redundancy), with a node lost: the incremental
   step cannot be rebuilt, and the restart falls back to the older pfs step 2, bitwise.
@@ -145,3 +146,14 @@ def test_local_between_and_restart_then_full(tmp_path):
     shutil.rmtree(os.path.join(cache, "node3"))
     res = app(cache, "xor", "--ckpts", "1,2,3,4,5", "--restart")
     assert restarted(res) == (5, "ok"), str(res)
+
+
+@pytest.mark.parametrize("level", ["partner", "xor"])
+def test_base_gone_before_a_checkpoint_makes_it_full(level, tmp_path):
+    cache = str(tmp_path / "cache")
+    app(cache, level, "--ckpts", "1,2,3", "--drop-base-before", 3)
+    assert "base" not in manifest(cache, 0, 3)               # full: rank 1 lacked the base's files
+    assert step_dirs(cache, 0) == [3]                         # the new base; step 1 retired
+    shutil.rmtree(os.path.join(cache, "node2"))
+    res = app(cache, level, "--ckpts", "1,2,3", "--restart")
+    assert restarted(res) == (3, "ok"), str(res)

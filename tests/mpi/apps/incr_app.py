@@ -8,6 +8,8 @@ run checks the restored array bitwise against ``value(rank, s)``. Options:
   --cache DIR --level L --ckpts S1,S2,...    the checkpoint steps (each at level L)
   --pfs-at S / --local-at S                  checkpoint step S at the pfs / local level instead
   --more S,...                               with --restart: then go on checkpointing these steps
+  --drop-base-before S                       rank 1 deletes the copies / parity it holds for the
+                                             first step just before checkpointing step S
   --frac F                                   fraction of blocks changed between checkpoints
   --restart                                  restart() only: print RESTART <step|None> and
                                              CHECK <ok|bad> (the restored array vs value(rank, step))
@@ -32,6 +34,8 @@ p.add_argument("--block", type=int, default=4096)
 p.add_argument("--restart", action="store_true")
 p.add_argument("--pfs-at", type=int, default=-1, help="this checkpoint step is taken at the pfs level")
 p.add_argument("--local-at", type=int, default=-1, help="this checkpoint step is taken at the local level")
+p.add_argument("--drop-base-before", type=int, default=-1,
+               help="rank 1 deletes what it holds for others at the first checkpoint step before this step")
 p.add_argument("--more", default="", help="with --restart: then checkpoint these steps (of --ckpts) too")
 p.add_argument("--config-json", default="{}")
 a = p.parse_args()
@@ -78,6 +82,11 @@ with hpcckpt.Checkpointer(comm, **kwargs) as ckpt:
             ckpt.checkpoint(s, level=a.level)
     else:
         for s in ckpts:
+            if s == a.drop_base_before and rank == 1:     # the base's copy / parity vanishes on one node
+                held = os.path.join(ckpt.cache.step_dir(ckpts[0]), f"held_{rank:06d}")
+                for name in os.listdir(held):
+                    if name.endswith(".dat"):
+                        os.unlink(os.path.join(held, name))
             u[:] = value(s)
             ckpt.checkpoint(s, level="pfs" if s == a.pfs_at else "local" if s == a.local_at else a.level)
         ckpt.wait()
