@@ -24,6 +24,7 @@ SUITE = {
     "integrity": ("bench_local", "L1 in detail: checksums' share of the checkpoint time"),
     "async": ("bench_async", "async flush: how much of the pfs flush the application gets back"),
     "background": ("bench_background", "background redundancy: how long checkpoint() blocks per level, off vs on"),
+    "incremental": ("bench_incremental", "incremental redundancy: partner/xor/rs time and bytes with 10% of blocks changed, off vs on"),
     "naive": ("bench_naive", "np.save / h5py straight to the PFS directory vs hpcckpt"),
     "scaling": ("bench_scaling", "how checkpoint cost grows with ranks and size (from levels.json)"),
     "numba": ("bench_numba", "Numba start-up with a cold and a warm cache"),

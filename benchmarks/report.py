@@ -102,8 +102,13 @@ def recovery_comparable(rec):
     return rec.get("mib_per_rank") == FTI_RECOVERY_MIB and rec.get("ranks") == FTI_RECOVERY_RANKS
 
 
-def sources(d, names=("levels", "recovery", "codecs", "integrity", "async", "naive", "numba", "background", "overhead"),
-            cpu=None):
+def incremental_comparable(inc):
+    """The incremental target is stated for 4 ranks x 64 MiB with 10 % of the blocks changed."""
+    return inc.get("ranks") == 4 and inc.get("mib_per_rank") == 64 and inc.get("frac") == 0.1
+
+
+def sources(d, names=("levels", "recovery", "codecs", "integrity", "async", "naive", "numba", "background", "overhead",
+                      "incremental"), cpu=None):
     """'name date (load average at its end)' of each JSON the table reads; its CPU too where it
     is not ``cpu``."""
     parts = []
@@ -140,6 +145,7 @@ def table(d):
     if integ is None:
         integ = load(d, "local")      # bench_local.py run on its own
     asy, naive, numba, suite = load(d, "async"), load(d, "naive"), load(d, "numba"), load(d, "suite")
+    inc = load(d, "incremental")
     out = []
     when = (lv or rec or cod or {}).get("machine", {})
     load_txt = ""
@@ -257,6 +263,17 @@ def table(d):
             out.append("| (for reference) recovery vs FTI L1 2.1 s / L2 4.9 s / L4 2.7 s | "
                        + ", ".join(f"{k} {ours[k]:.1f} s vs {FTI_RECOVERY_S[k]} s" for k in ("local", "partner", "pfs") if k in ours)
                        + " | – |")
+    if inc and inc.get("targets"):
+        med = inc["medians"]
+        out.append(f"| with `incremental` and {inc['frac']:.0%} of the blocks changed, partner and xor take ≤ 0.6× a full "
+                   f"checkpoint ({inc['ranks']} ranks × {inc['mib_per_rank']} MiB) | "
+                   + ", ".join(f"{lv} {med[lv]['incremental']['seconds'] * 1e3:.0f} vs {med[lv]['full']['seconds'] * 1e3:.0f} ms = "
+                               f"{inc['summary'][lv]['time_ratio']:.2f}×" for lv in ("partner", "xor", "rs") if lv in med)
+                   + " (rs: no target); sent per rank "
+                   + ", ".join(f"{lv} {med[lv]['incremental']['sent_bytes'] / 2**20:.0f} vs {med[lv]['full']['sent_bytes'] / 2**20:.0f} MiB"
+                               for lv in ("partner", "xor", "rs") if lv in med)
+                   + " | " + "; ".join(f"{lv} {mark(t['met'], comparable=incremental_comparable(inc))}"
+                                        for lv, t in inc["targets"].items()) + " |")
     if asy:
         s = asy["summary"]
         out.append(f"| (no target) async flush: flush time given back to the application | "

@@ -300,7 +300,10 @@ def _parity_table(doc, holder):
         raise ValueError(f"its group {group!r} does not list its holder, rank {holder}")
     if not isinstance(doc.get("ckpt_id"), str) or not isinstance(doc.get("level"), str):
         raise ValueError("its ckpt_id or level is missing")
-    return {"size": m * piece, "entries": [(f"parity {j}", j * piece, piece, c) for j, c in enumerate(sums)],
+    from .levels.delta import SEGMENTS_ONLY, parity_entries, segment_sums_ok
+    if m and any(c == SEGMENTS_ONLY for c in sums) and not segment_sums_ok(doc, m, piece, doc.get("segment")):
+        raise ValueError("bad segment checksums")     # an incremental step's parity: one checksum per segment
+    return {"size": m * piece, "entries": parity_entries(doc),
             "group": list(group), "parity": m, "level": doc["level"], "ckpt_id": doc["ckpt_id"]}
 
 
@@ -335,6 +338,8 @@ def verify(item, buffer_bytes=1 << 20):
     try:
         st = os.lstat(path)
     except FileNotFoundError:
+        if item.kind in ("partner", "parity") and os.path.exists(path[:-4] + ".delta.json"):
+            return _verify_incremental(path, size, entries)
         return f"{path}: missing"
     except OSError as e:
         return f"{path}: cannot be examined ({why(e)})"
@@ -347,6 +352,21 @@ def verify(item, buffer_bytes=1 << 20):
         return str(e)
     except OSError as e:
         return f"{path}: cannot be read ({why(e)})"
+    return None
+
+
+def _verify_incremental(path, size, entries):
+    """An incremental partner copy or parity (levels/delta.py): rebuilt in memory from its base
+    step's file and the delta, then checked against its checksums; None when intact."""
+    import xxhash
+    from .levels.delta import materialize_held
+    try:
+        data = materialize_held(os.path.dirname(path), os.path.basename(path), size)
+    except (HpcCkptError, OSError, ValueError) as e:
+        return f"{path}: incremental, its base and delta cannot be applied ({e})"
+    for name, offset, nbytes, checksum in entries:
+        if xxhash.xxh3_64_hexdigest(data[offset:offset + nbytes]) != checksum:
+            return f"{path}: incremental, {name} rebuilt from its base and delta does not match its checksum"
     return None
 
 

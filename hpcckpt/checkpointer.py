@@ -487,7 +487,7 @@ class Checkpointer:
             self._warn_survivability((level,))
             if encode:
                 with Collective(self._comm, f"encoding checkpoint {step} ({level})"):
-                    self._encode(self._level(level), manifest)
+                    committed = self._encode(self._level(level), manifest)
             else:
                 committed = dataclasses.replace(manifest, level="local")
         # 5. commit: every rank writes its manifest; agree that every rank did
@@ -502,12 +502,14 @@ class Checkpointer:
         return manifest, nbytes, seconds
 
     def _encode(self, redundancy, manifest, error=None):
-        """Local part of a collective encode: this rank's redundancy of ``manifest``'s step.
+        """Local part of a collective encode: this rank's redundancy of ``manifest``'s step; returns
+        the manifest to commit at the level (it may name an incremental base).
         ``error``: a local failure that came before (raised once the exchange is done)."""
         try:
-            redundancy.encode(manifest.step, manifest)
+            committed = redundancy.encode(manifest.step, manifest)
             if error is not None:
                 raise error
+            return manifest if committed is None else committed
         except OSError as e:
             raise CheckpointWriteError(f"cannot write the {manifest.level} redundancy of step {manifest.step}: "
                                        f"{e.strerror}" + (f" ({e.filename})" if e.filename else "")) from e
@@ -595,16 +597,22 @@ class Checkpointer:
         if self._flush is not None and self._flush.redundant:
             return       # the previous redundant step stays until the new one is complete
         clear = self._clear_others and self._committed
-        ours, remove = [], []
+        ours, remove, bases = [], [], {}
         for step in self.cache.steps_on_disk():
             found = self.cache.examine(step)
             if found is None:
                 remove.append(step)                       # data without a manifest: not a checkpoint
             elif found.state == "ok" and found.manifest.epoch == self._epoch:
                 ours.append(step)
+                if found.manifest.base is not None:
+                    bases[step] = found.manifest.base[0]
             elif clear:
                 remove.append(step)
         kept = [s for s in ours if s <= keep_upto][-self.config.keep:]
+        # an incremental step's base stays while the step is kept (beyond keep), and so does the
+        # base of a level's next incremental step
+        kept += [bases[s] for s in kept if s in bases]
+        kept += [b for lv in self._levels.values() for b in lv.pinned_steps()]
         if self._flush is not None:
             kept.append(self._flush.step)                 # its files are being read by the background work
         remove += [s for s in ours if s not in kept]
@@ -988,9 +996,9 @@ class Checkpointer:
                 with Collective(self._bg_comm, f"encoding checkpoint {step} ({level}) in the background"):
                     hook = Deferred()      # test hook: kill/ENOSPC; the exchange still runs on every rank
                     hook.run(faults.hit, "background", self.comm.rank, step)
-                    self._encode(coder, manifest, hook.error)
+                    committed = self._encode(coder, manifest, hook.error)
                 with Collective(self._bg_comm, f"committing the {level} level of checkpoint {step}"):
-                    self.cache.commit(manifest)
+                    self.cache.commit(committed)
             if flush:
                 self._flush_to_pfs(manifest)
         self._flush = _Background(step, level, work, redundancy)

@@ -58,6 +58,10 @@ class Config:
     async_flush: bool = False           # pfs: return once staged in the cache, flush in the background
     background: bool = False            # partner/xor/rs and pfs: return once the local level is committed
     io_chunk: int = 1 << 20             # bytes hashed and written per step (fault hooks, pwrite calls)
+    incremental: bool = False           # partner/xor/rs: send and write only the blocks changed since a full base
+    incremental_block: int = 1 << 20    # bytes per block compared between checkpoints (incremental)
+    incremental_full_every: int = 8     # a full redundant checkpoint after this many incremental ones
+    incremental_max_changed: float = 0.5  # a full one when a rank changed more than this fraction of its blocks
     write_method: str = "mmap"          # local data files: "mmap" (copy+checksum in one pass) or "pwrite"
     reuse_files: bool = True            # overwrite retired files instead of creating new ones
     cache_fsync: bool = False           # fsync node-local data files (not needed on tmpfs)
@@ -117,6 +121,13 @@ class Config:
             raise ConfigError(f"exit_safety must be between 1 and 100, got {self.exit_safety}")
         if not (4096 <= self.io_chunk <= 1 << 30):
             raise ConfigError(f"io_chunk must be between 4 KiB and 1 GiB, got {self.io_chunk}")
+        if not (4096 <= self.incremental_block <= 1 << 30) or self.incremental_block % 4096:
+            raise ConfigError(f"incremental_block must be a multiple of 4 KiB between 4 KiB and 1 GiB, "
+                              f"got {self.incremental_block}")
+        if self.incremental_full_every < 1:
+            raise ConfigError(f"incremental_full_every must be at least 1, got {self.incremental_full_every}")
+        if not (0.0 <= self.incremental_max_changed <= 1.0):
+            raise ConfigError(f"incremental_max_changed must be between 0 and 1, got {self.incremental_max_changed}")
         if self.write_method not in WRITE_METHODS:
             raise ConfigError(f"write_method {self.write_method!r} is not one of {', '.join(WRITE_METHODS)}")
         if self.start not in STARTS:
@@ -127,8 +138,8 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-_INT_KEYS = ("group_size", "rs_parity", "keep")
-_BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush", "background", "abort_on_error")
+_INT_KEYS = ("group_size", "rs_parity", "keep", "incremental_full_every")
+_BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush", "background", "abort_on_error", "incremental")
 _STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "write_method", "log_level", "start")
 _TABLE_KEYS = ("schedule", "level_mtbf")
 
@@ -295,8 +306,17 @@ def _parse_value(key, value):
                 raise ConfigError(f"stop_signals: {v!r} is not a signal that can be caught")
             out.append(name)
         return tuple(out)
-    if key == "io_chunk":
+    if key in ("io_chunk", "incremental_block"):
         return parse_size(value, key)
+    if key == "incremental_max_changed":
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"incremental_max_changed must be a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"incremental_max_changed must be a number, got {value!r}")
+        return float(value)
     if key == "exit_safety":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"exit_safety must be a number, got {value!r}")

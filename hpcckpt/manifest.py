@@ -62,6 +62,7 @@ class RankManifest:
     arrays: tuple
     epoch: int = 1            # the run lineage: a run that starts afresh writes a higher epoch
     placement: str = ""       # digest of the job's rank -> node map ("" in version 1 files)
+    base: tuple = None        # (step, ckpt_id) of the full step an incremental redundancy refers to
 
     @property
     def key(self):
@@ -69,13 +70,16 @@ class RankManifest:
         return order_key(self.epoch, self.step)
 
     def to_json(self):
-        return sign({"format": FORMAT, "version": VERSION, "name": self.name, "world_size": self.world_size,
-                     "rank": self.rank, "node": self.node, "step": self.step, "epoch": self.epoch,
-                     "placement": self.placement,
-                     "level": self.level,
-                     "ckpt_id": self.ckpt_id, "created": self.created, "checksum_algorithm": ALGORITHM,
-                     "data_file": self.data_file, "data_size": self.data_size,
-                     "arrays": [a.to_json() for a in self.arrays]})
+        doc = {"format": FORMAT, "version": VERSION, "name": self.name, "world_size": self.world_size,
+               "rank": self.rank, "node": self.node, "step": self.step, "epoch": self.epoch,
+               "placement": self.placement,
+               "level": self.level,
+               "ckpt_id": self.ckpt_id, "created": self.created, "checksum_algorithm": ALGORITHM,
+               "data_file": self.data_file, "data_size": self.data_size,
+               "arrays": [a.to_json() for a in self.arrays]}
+        if self.base is not None:    # optional (incremental redundancy): absent from full steps
+            doc["base"] = {"step": self.base[0], "ckpt_id": self.base[1]}
+        return sign(doc)
 
     def array(self, name):
         for a in self.arrays:
@@ -175,10 +179,16 @@ def parse(doc, where):
             raise bad(f"array {entry.name!r} ends at byte {end}, past the data size {ints['data_size']}")
         names.add(entry.name)
         entries.append(entry)
+    base = doc.get("base")
+    if base is not None:
+        if (not isinstance(base, dict) or not _is_int(base.get("step")) or not 0 <= base["step"] < ints["step"]
+                or not isinstance(base.get("ckpt_id"), str) or not base["ckpt_id"] or len(base["ckpt_id"]) > 256):
+            raise bad(f"bad base {base!r}")
+        base = (base["step"], base["ckpt_id"])
     return RankManifest(name=strs["name"], world_size=ints["world_size"], rank=ints["rank"], node=ints["node"],
                         step=ints["step"], level=strs["level"], ckpt_id=strs["ckpt_id"], created=float(created),
                         data_file=strs["data_file"], data_size=ints["data_size"], arrays=tuple(entries),
-                        epoch=epoch, placement=placement)
+                        epoch=epoch, placement=placement, base=base)
 
 
 def _parse_array(a, where, version=VERSION):

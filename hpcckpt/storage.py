@@ -142,7 +142,8 @@ def align(n, to=64):
     return (n + to - 1) // to * to
 
 
-def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault=None, method="mmap"):
+def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault=None, method="mmap",
+                 on_mapped=None):
     """Write arrays back to back (64-byte aligned) into one file, hashing each while writing.
 
     ``arrays`` is a list of (name, array). ``method`` "mmap" copies each array into the file
@@ -150,7 +151,9 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
     in HASH_PIECE system calls, hashing each piece just after it is written. If ``reuse`` names an
     existing file, it is renamed to ``path`` and overwritten in place (much faster than a new file
     on tmpfs). Returns a list of (name, offset, nbytes, checksum hex) and the file size.
-    ``fault()``, a test hook, is called after each chunk.
+    ``fault()``, a test hook, is called after each chunk. ``on_mapped(file_bytes)``: with the
+    "mmap" method, called with the whole written file while it is still mapped (its pages are
+    mapped already: the incremental block digests are computed there).
     """
     if reuse is not None:
         try:
@@ -165,7 +168,7 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, mode)
     try:
         if method == "mmap" and size and _CAN_MAP:
-            digests = _write_mapped(fd, size, arrays, layout, chunk, fault)
+            digests = _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped)
         else:
             digests = _write_pieces(fd, arrays, layout, chunk, fault)
             os.ftruncate(fd, size)
@@ -176,7 +179,7 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
     return [(name, offset, nbytes, digest) for (name, offset, nbytes), digest in zip(layout, digests)], size
 
 
-def _write_mapped(fd, size, arrays, layout, chunk, fault):
+def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None):
     """write_arrays' "mmap" method: copy and hash in one pass into the mapped file."""
     os.ftruncate(fd, size)
     # Every block must exist before the copy: a page the file system cannot give to a mapped
@@ -189,6 +192,8 @@ def _write_mapped(fd, size, arrays, layout, chunk, fault):
         file_bytes = np.frombuffer(mapping, np.uint8)
         digests = [hexdigest_of(copy_and_hash(byte_view(array), file_bytes[offset:offset + nbytes], chunk, fault))
                    for (_, array), (_, offset, nbytes) in zip(arrays, layout)]
+        if on_mapped is not None:
+            on_mapped(file_bytes)
         del file_bytes
     finally:
         try:

@@ -23,7 +23,9 @@ class RedundancyLevel(abc.ABC):
     @abc.abstractmethod
     def encode(self, step, manifest):
         """Collective: make this rank's committed ``step`` (its ``manifest``) redundant on other
-        nodes; raise (on the ranks that failed) when this rank's part could not be written."""
+        nodes; raise (on the ranks that failed) when this rank's part could not be written.
+        Returns the manifest to commit at the level: ``manifest``, or a copy naming the base step
+        an incremental redundancy refers to (levels/delta.py); None means ``manifest``."""
 
     @abc.abstractmethod
     def recover(self, step, ckpt_id, data_ok):
@@ -32,6 +34,10 @@ class RedundancyLevel(abc.ABC):
         every rank when every lost rank was rebuilt; False on every rank when the redundancy
         cannot cover these losses (the caller falls back to an older step or another level).
         Rebuilt files are committed only after they were verified."""
+
+    def pinned_steps(self):
+        """Local: steps whose files this level still needs beyond ``keep`` (an incremental base)."""
+        return ()
 
     def close(self):
         """Local: free what the level holds (sub-communicators, buffers). Safe to call twice."""

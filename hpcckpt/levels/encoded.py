@@ -10,23 +10,40 @@ systematic Cauchy Reed-Solomon code over GF(2^8); with m = 1 the code is plain X
 
 Files: ``step_<S>/held_<R>/parity.dat`` (m pieces) and ``encoded.json`` (the group, the code,
 every member's manifest, parity checksums). ``encode`` and ``recover`` are collective.
+
+With ``incremental`` (levels/delta.py) an incremental step holds, instead of ``parity.dat``, only
+the parity segments that change against the base step B: XOR and RS are linear, so a parity
+segment of step S is B's parity segment XOR_q coef_q * (d_S ⊕ d_B) over the data pieces q of its
+stripe, and only owners whose blocks changed send their d_S ⊕ d_B (B's data is pinned on every
+node). ``parity.delta`` holds the new segments and ``parity.delta.json`` their index; the
+``parity_checksums`` of ``encoded.json`` are those of the whole parity of S. A rebuild first makes
+``parity.dat`` (B's parity + the segments) and verifies it against them, then proceeds as for a
+full step.
 """
+import dataclasses
 import os
+import shutil
 
 import numpy as np
+import xxhash
 from mpi4py import MPI
 
 from .. import faults, manifest as mf, storage
 from ..codecs import gf256
 from ..codecs.checksum import new_hasher
-from ..codecs.rs import rs_parity_matrix
-from ..errors import HpcCkptError
+from ..codecs.rs import gf_combine_into, rs_parity_matrix
+from ..errors import CorruptCheckpointError, HpcCkptError
 from ..topology import encoding_groups
 from .combine import Buffers, gather_combine, map_range
+from .transfer import read_range
 from ..comm import Deferred
 from .base import RedundancyLevel
+from .delta import (SEGMENTS_ONLY, Chain, apply_segments, check_delta_info, check_parity_index, delta_info,
+                    parity_entries, piece_segments, segment_length, segment_sums_ok)
 
 FORMAT = "hpcckpt-encoded"
+TAG_DELTA = 7200
+WAVE_BYTES = 64 << 20    # buffers of one wave of an incremental encode (levels/encoded.py _encode_delta)
 
 
 def code_matrix(kd, m):
@@ -49,10 +66,20 @@ class EncodedLevel(RedundancyLevel):
         self.group = next(g for g in self.groups if comm.rank in g)
         self._gcomm = None
         self._buffers = Buffers()
+        self.chain = Chain(cache) if cache.cfg.incremental else None
+        self.sent = 0            # bytes this rank sent in its last encode (benchmarks)
+
+    def pinned_steps(self):
+        """Local: the base step of the next incremental checkpoint (kept by retire)."""
+        return self.chain.pinned() if self.chain is not None else ()
 
     def _paths(self, step):
         held = self.cache.held_dir(step)
         return os.path.join(held, "parity.dat"), os.path.join(held, "encoded.json")
+
+    def _delta_paths(self, step):
+        held = self.cache.held_dir(step)
+        return os.path.join(held, "parity.delta"), os.path.join(held, "parity.delta.json")
 
     def _group_comm(self):
         if self._gcomm is None:
@@ -66,24 +93,69 @@ class EncodedLevel(RedundancyLevel):
             self._gcomm = None
 
     def _segment(self):
+        if self.chain is not None:   # one sink call per parity segment (segment checksums)
+            return self.cache.cfg.incremental_block
         return max(8, self.cache.cfg.io_chunk // 8 * 8)
 
     # ------------------------------------------------------------------ encode
     def encode(self, step, manifest):
-        """Collective: compute this group's parity and keep this rank's share of it."""
+        """Collective: compute this group's parity and keep this rank's share of it. With
+        ``incremental``: only the parity segments changed since the base when every rank can
+        (then the returned manifest names the base, and is the one to commit)."""
+        if self.chain is None:
+            self._encode(step, manifest, None, Deferred())
+            return manifest
+        deferred = Deferred()
+        k = len(self.group)
+        m = min(self.parity, k - 1)
+        plan = self.chain.plan(self.comm, step, manifest, deferred,
+                               lambda base: m > 0 and self._base_ok(base, manifest.data_size))
+        if plan.incremental:
+            manifest = dataclasses.replace(manifest, base=plan.base)
+        try:
+            self._encode(step, manifest, plan, deferred)
+        except BaseException:
+            self.chain.forget()
+            raise
+        self.chain.done(plan, manifest)
+        return manifest
+
+    def _piece(self, sizes, kd):
+        """Bytes per data piece: the largest member's data over kd, rounded up to 8 bytes; with
+        ``incremental`` to a whole number of blocks, so that a changed block touches one parity
+        segment, not two."""
+        align = self.cache.cfg.incremental_block if self.chain is not None else 8
+        return max(8, -(-(-(-max(sizes) // kd)) // align) * align)
+
+    def _base_ok(self, base, size):
+        """Local: this rank has what an incremental step against ``base`` needs: its data of the
+        base (same size) and its parity of the base."""
+        parity_path, info_path = self._paths(base)
+        if os.path.getsize(self.cache.data_path(base)) != size or not os.path.isfile(parity_path):
+            return False
+        info = storage.read_json(info_path)
+        return info.get("group") == self.group and info.get("piece") and \
+            os.path.getsize(parity_path) == info["parity"] * info["piece"] and \
+            info.get("segment") == self.cache.cfg.incremental_block and \
+            isinstance(info.get("segment_checksums"), list) and len(info["segment_checksums"]) == info["parity"]
+
+    def _encode(self, step, manifest, plan, deferred):
         gcomm, group = self._group_comm(), self.group
         k, pos = len(group), self.group.index(self.comm.rank)
         m = min(self.parity, k - 1)
         sizes = gcomm.allgather(manifest.data_size)
         manifests = gcomm.allgather(manifest.to_json())
-        deferred = Deferred()
+        self.sent = 0
+        if plan is not None and plan.incremental:
+            self._encode_delta(step, manifest, plan, deferred, gcomm, k, pos, m, sizes, manifests)
+            deferred.raise_if_any()
+            return
         if m == 0:  # a group of one: nothing to encode (start-up warned)
             self._write_info(deferred, step, manifest.ckpt_id, group, pos, m, 8, sizes, manifests, [])
             deferred.raise_if_any()
             return
         kd = k - m
-        per_piece = -(-max(sizes) // kd)
-        piece = max(8, (per_piece + 7) // 8 * 8)
+        piece = self._piece(sizes, kd)
         coef = code_matrix(kd, m)
         parity_path, _ = self._paths(step)
         data = deferred.run(map_range, self.cache.data_path(step), 0, sizes[pos])
@@ -100,11 +172,16 @@ class EncodedLevel(RedundancyLevel):
             s = (pos - m - q) % k
             source = None if data is None else data[q * piece:q * piece + valid(pos, q)]
             sends += [(stripe_symbol_owner(k, s, j), j, source, valid(pos, q)) for j in range(m)]
+            self.sent += m * valid(pos, q)
         hashers = [new_hasher() for _ in range(m)]
+
+        segment_sums = [[] for _ in range(m)] if self.chain is not None else None
 
         def sink(j):
             def write(off, view):
                 hashers[j].update(view)
+                if segment_sums is not None:     # views are whole segments (_segment, piece aligned)
+                    segment_sums[j].append(xxhash.xxh3_64_hexdigest(view))
                 if fd_out is not None:
                     deferred.run(storage.pwrite_all, fd_out, view, j * piece + off)
             return write
@@ -119,13 +196,156 @@ class EncodedLevel(RedundancyLevel):
             deferred.run(os.ftruncate, fd_out, m * piece)
             os.close(fd_out)
         self._write_info(deferred, step, manifest.ckpt_id, group, pos, m, piece, sizes, manifests,
-                         [h.hexdigest() for h in hashers])
+                         [h.hexdigest() for h in hashers],
+                         None if segment_sums is None else (self._segment(), segment_sums))
         deferred.raise_if_any()
 
-    def _write_info(self, deferred, step, ckpt_id, group, pos, m, piece, sizes, manifests, checksums):
+    def _encode_delta(self, step, manifest, plan, deferred, gcomm, k, pos, m, sizes, manifests):
+        """Collective over the group: the parity segments of ``step`` that differ from the base's,
+        from the changed data segments (d_S xor d_B) of the ranks that changed them."""
+        cfg = self.cache.cfg
+        kd = k - m
+        base_step = plan.base[0]
+        piece = self._piece(sizes, kd)
+        seg = cfg.incremental_block
+        coef = code_matrix(kd, m)
+        changed = plan.changed if plan.changed is not None else []
+        mine = [piece_segments(changed, cfg.incremental_block, sizes[pos], q, piece, seg) for q in range(kd)]
+        segs = gcomm.allgather(mine)        # per member, per data piece: its changed segments
+        # read with pread into buffers, not through maps: only a tenth of each file is read, and
+        # faulting in its pages one by one costs more than the copy
+        ro = os.O_RDONLY | os.O_NOFOLLOW
+        fd_new = deferred.run(os.open, self.cache.data_path(step), ro)
+        fd_old = deferred.run(os.open, self.cache.data_path(base_step), ro)
+        fd_par = deferred.run(os.open, self._paths(base_step)[0], ro)
+        delta_path, index_path = self._delta_paths(step)
+        deferred.run(storage.makedirs, self.cache.held_dir(step), cfg.dir_mode)
+        fd_out = deferred.run(os.open, delta_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                              cfg.file_mode)
+        deferred.run(faults.hit, "encode", self.comm.rank, step)
+
+        def stripe_inputs(s):   # [(group position, data piece)] of the data symbols of stripe s
+            return [(stripe_symbol_owner(k, s, p), p - m) for p in range(m, k)]
+        unions = [sorted(set().union(*(segs[r][q] for r, q in stripe_inputs(s)))) for s in range(k)]
+        rounds = max(len(u) for u in unions)
+        my_outputs = [(j, (pos - j) % k) for j in range(m)]              # parity j of stripe pos - j
+        # the new parity's segment checksums: the base's, with those of the changed segments replaced
+        base_info = deferred.run(storage.read_json, self._paths(base_step)[1])
+        nseg = -(-piece // seg)
+        sums = [list(x) for x in base_info["segment_checksums"]] if base_info is not None \
+            and segment_sums_ok(base_info, m, piece, seg) else [[""] * nseg for _ in range(m)]
+        written = 0
+        index = [[] for _ in range(m)]
+        scratch = self._buffers.get("dscratch", seg)
+
+        def read_into(fd, buf, offset):   # zeros after a local error (the exchange goes on; it is raised after)
+            if fd is None or deferred.error is not None:
+                buf.fill(0)
+            elif deferred.run(read_range, fd, buf, offset) is None:
+                buf.fill(0)
+
+        # Rounds: round i moves the i-th changed segment of every stripe. Rounds go in waves of
+        # up to WAVE_BYTES of buffers: all the messages of a wave are posted at once (fewer
+        # synchronisations), then its outputs are combined in order.
+        wave = max(1, WAVE_BYTES // (2 * kd * m * seg))
+        sbuf = self._buffers.get("dsend", wave * kd * seg).reshape(wave, kd, seg)
+        rbuf = self._buffers.get("drecv", wave * m * kd * seg).reshape(wave, m, kd, seg)
+        obuf = self._buffers.get("dout", seg)
+        for w0 in range(0, rounds, wave):
+            requests, sends, inputs = [], [], {}
+            for i in range(w0, min(rounds, w0 + wave)):
+                for j, s in my_outputs:
+                    if i < len(unions[s]):
+                        t = unions[s][i]
+                        n = segment_length(t, seg, piece)
+                        for q, (r, dq) in enumerate(stripe_inputs(s)):
+                            if t in segs[r][dq]:
+                                requests.append(gcomm.Irecv(rbuf[i - w0, j, q, :n], source=r,
+                                                            tag=TAG_DELTA + s * m + j))
+                                inputs.setdefault((i, j), []).append(q)
+            for i in range(w0, min(rounds, w0 + wave)):
+                for q in range(kd):
+                    s = (pos - m - q) % k
+                    if i < len(unions[s]) and unions[s][i] in mine[q]:
+                        t = unions[s][i]
+                        n = segment_length(t, seg, piece)
+                        buf = sbuf[i - w0, q, :n]
+                        lo = q * piece + t * seg
+                        v = max(0, min(n, sizes[pos] - lo))
+                        buf[v:] = 0
+                        read_into(fd_new, buf[:v], lo)
+                        read_into(fd_old, scratch[:v], lo)
+                        np.bitwise_xor(buf[:v], scratch[:v], out=buf[:v])
+                        for j in range(m):
+                            sends.append(gcomm.Isend(buf, dest=stripe_symbol_owner(k, s, j), tag=TAG_DELTA + s * m + j))
+                            self.sent += n
+            MPI.Request.Waitall(requests)
+            for i in range(w0, min(rounds, w0 + wave)):
+                for j, s in my_outputs:
+                    if i >= len(unions[s]):
+                        continue
+                    t = unions[s][i]
+                    n = segment_length(t, seg, piece)
+                    lo = t * seg
+                    out = obuf[:n]
+                    read_into(fd_par, out, j * piece + lo)
+                    qs = inputs.get((i, j), [])
+                    if qs:
+                        gf_combine_into([out], np.array([[coef[j, q] for q in qs]], np.uint8),
+                                        [rbuf[i - w0, j, q, :n] for q in qs])
+                    sums[j][t] = xxhash.xxh3_64_hexdigest(out)
+                    if fd_out is not None:
+                        deferred.run(storage.pwrite_all, fd_out, out, written)
+                    written += n
+                    index[j].append(t)
+            MPI.Request.Waitall(sends)
+        if fd_out is not None:
+            deferred.run(os.ftruncate, fd_out, written)
+            os.close(fd_out)
+        for fd in (fd_new, fd_old, fd_par):
+            if fd is not None:
+                os.close(fd)
+        deferred.run(storage.atomic_write_json, index_path,
+                     delta_info(base_step, plan.base[1], cfg.incremental_block, m * piece, [],
+                                segment=seg, piece=piece, parity=m, segments=index),
+                     cfg.file_mode, cfg.cache_fsync)
+        # parity_checksums of a whole symbol cannot be had without reading the base's parity:
+        # the segment checksums stand in for them (SEGMENTS_ONLY; _parity_entries)
+        self._write_info(deferred, step, manifest.ckpt_id, self.group, pos, m, piece, sizes, manifests,
+                         [SEGMENTS_ONLY] * m, (seg, sums))
+
+    def _materialize(self, step, ckpt_id, info):
+        """Local: this rank's full parity of ``step`` from the base's parity and the delta,
+        verified against ``info`` (the step's encoded.json) before it is renamed into place.
+        Raises when the base is missing, does not match, or the result does not verify."""
+        delta_path, index_path = self._delta_paths(step)
+        idx = check_delta_info(storage.read_json(index_path), index_path)
+        m, piece = info["parity"], info["piece"]
+        segs, seg = check_parity_index(idx, m, piece, index_path)
+        base_info = _check_info(storage.read_json(self._paths(idx["base_step"])[1]), self.comm.rank,
+                                idx["base_step"], idx["base_ckpt_id"], self.comm.size, index_path)
+        if base_info["piece"] != piece or base_info["parity"] != m:
+            raise CorruptCheckpointError(f"{index_path}: the base has another layout")
+        tmp = self._paths(step)[0] + ".tmp"
+        shutil.copyfile(self._paths(idx["base_step"])[0], tmp)
+        try:
+            with open(tmp, "r+b") as f:
+                f.truncate(m * piece)
+                target = np.memmap(f, np.uint8, "r+", shape=(m * piece,))
+                apply_segments(target, np.fromfile(delta_path, np.uint8), segs, seg, piece)
+                target.flush()
+                del target
+            storage.verify_file(tmp, m * piece, parity_entries(info), self.cache._read_buffer())
+            os.replace(tmp, self._paths(step)[0])
+        finally:
+            storage.remove_file(tmp)
+
+    def _write_info(self, deferred, step, ckpt_id, group, pos, m, piece, sizes, manifests, checksums, segments=None):
         info = {"format": FORMAT, "version": 1, "level": self.name, "step": step, "ckpt_id": ckpt_id,
                 "group": group, "position": pos, "parity": m, "piece": piece, "sizes": sizes,
                 "manifests": manifests, "parity_checksums": checksums}
+        if segments is not None:     # incremental: (segment bytes, [[checksum of each segment] per parity])
+            info["segment"], info["segment_checksums"] = segments
         deferred.run(storage.makedirs, self.cache.held_dir(step), self.cache.cfg.dir_mode)
         deferred.run(storage.atomic_write_json, self._paths(step)[1], info, self.cache.cfg.file_mode,
                      self.cache.cfg.cache_fsync)
@@ -140,9 +360,10 @@ class EncodedLevel(RedundancyLevel):
         except (HpcCkptError, OSError):
             return None, False
         try:
+            if not os.path.exists(parity_path) and os.path.exists(self._delta_paths(step)[1]):
+                self._materialize(step, ckpt_id, info)   # incremental: base parity + delta, verified below
             storage.verify_file(parity_path, info["parity"] * info["piece"] if info["parity"] else 0,
-                                [(f"parity {j}", j * info["piece"], info["piece"], c)
-                                 for j, c in enumerate(info["parity_checksums"])], self.cache._read_buffer())
+                                parity_entries(info), self.cache._read_buffer())
             return info, True
         except (HpcCkptError, OSError):
             return info, False
@@ -309,6 +530,10 @@ def _check_info(info, rank, step, ckpt_id, world_size, where):
         raise bad("bad member manifests")
     if not isinstance(checks, list) or len(checks) != m or not all(isinstance(c, str) for c in checks):
         raise bad("bad parity checksums")
+    if "segment_checksums" in info or any(c == SEGMENTS_ONLY for c in checks):
+        seg = info.get("segment")
+        if not isinstance(seg, int) or isinstance(seg, bool) or seg < 8 or not segment_sums_ok(info, m, piece, seg):
+            raise bad("bad segment checksums")
     return info
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import faults, manifest as mf, storage
 from ..config import expand_cache_dir
+from .registry import REDUNDANT
 from ..errors import CheckpointWriteError, CorruptCheckpointError, IncompatibleCheckpointError
 
 log = logging.getLogger("hpcckpt")
@@ -42,6 +43,7 @@ class LocalCache:
         self.placement = mf.placement_digest(topo.node_of)
         self.root = os.path.join(expand_cache_dir(cfg, topo.node), cfg.name)
         self._buffer = None
+        self.block_digests = None    # (step, block, digests) of the last write (incremental, levels/delta.py)
 
     # ------------------------------------------------------------------ paths
     def step_dir(self, step):
@@ -112,9 +114,16 @@ class LocalCache:
             reuse = self.spare_path
         chunks = sum(-(-a.nbytes // self.cfg.io_chunk) for _, a, _ in items)
         fault = faults.HalfWay("write", self.rank, step, max(1, chunks // 2)) if faults.active() else None
+        self.block_digests = None
+        on_mapped = None
+        if self.cfg.incremental and level in REDUNDANT:   # digested while the new file is mapped
+            def on_mapped(file_bytes):
+                from .delta import block_digests
+                self.block_digests = (step, self.cfg.incremental_block,
+                                      block_digests(file_bytes, self.cfg.incremental_block))
         entries, size = storage.write_arrays(path, [(n, a) for n, a, _ in items], self.cfg.io_chunk,
                                              self.cfg.file_mode, self.cfg.cache_fsync, reuse, fault,
-                                             self.cfg.write_method)
+                                             self.cfg.write_method, on_mapped)
         table = []
         for (name, array, layout), (_, offset, nbytes, checksum) in zip(items, entries):
             table.append(mf.ArrayEntry(name, array.dtype.str, tuple(array.shape), offset, nbytes, checksum,

@@ -30,7 +30,9 @@ def read_range(fd, buf, offset):
 def exchange_files(comm, sends, recvs, chunk, deferred, mode=0o600):
     """Collective: stream whole files between ranks.
 
-    ``sends``: list of (dest_rank, meta, src_path, size) — ``meta`` is a small JSON-able object.
+    ``sends``: list of (dest_rank, meta, src_path, size) — ``meta`` is a small JSON-able object;
+    ``src_path`` may instead be a callable ``read(buf, offset)`` that fills ``buf`` with the bytes
+    of a virtual stream from ``offset`` (the changed blocks of an incremental step).
     ``recvs``: list of (source_rank, dst_path_for(meta) -> path). Every rank must know its own
     sends and recvs; the pairs must match across ranks (one file per (source, dest) pair).
     Returns {source_rank: meta} of what was received. The receiver writes each file with the
@@ -44,7 +46,7 @@ def exchange_files(comm, sends, recvs, chunk, deferred, mode=0o600):
     # 2. open files
     send_fds, recv_fds = [], []
     for d, _, path, size in sends:
-        send_fds.append(deferred.run(os.open, path, os.O_RDONLY | os.O_NOFOLLOW))
+        send_fds.append(None if callable(path) else deferred.run(os.open, path, os.O_RDONLY | os.O_NOFOLLOW))
     for s, path_for in recvs:
         meta, size = metas[s]
         path = deferred.run(path_for, meta)
@@ -58,10 +60,12 @@ def exchange_files(comm, sends, recvs, chunk, deferred, mode=0o600):
     # 3. rounds: every pair moves one chunk per round
     for i in range(rounds):
         requests = []
-        for k, (d, _, _, size) in enumerate(sends):
+        for k, (d, _, src, size) in enumerate(sends):
             if i < nsend[k]:
                 n = min(chunk, size - i * chunk)
-                if send_fds[k] is not None:
+                if callable(src):
+                    deferred.run(src, sbufs[k][:n], i * chunk)
+                elif send_fds[k] is not None:
                     deferred.run(read_range, send_fds[k], sbufs[k][:n], i * chunk)
                 requests.append(comm.Isend(sbufs[k][:n], dest=d, tag=TAG_DATA))
         pending = []

@@ -20,6 +20,7 @@ EXPECTED = {
     "naive": ("rows",),
     "scaling": ("by_size", "by_ranks"),
     "numba": ("medians", "samples"),
+    "incremental": ("summary", "medians", "targets"),
 }
 
 

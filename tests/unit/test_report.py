@@ -91,3 +91,21 @@ def test_a_recovery_at_another_size_is_not_comparable(tmp_path):
 
 def test_a_recovery_at_the_anchor_size_is_judged(tmp_path):
     assert _recovery(tmp_path, 4, 256).endswith("| **met** |")
+
+
+def _incremental(tmp_path, mib, partner, xor):
+    med = {lv: {"full": {"seconds": 0.1, "sent_bytes": 64 << 20}, "incremental": {"seconds": 0.1 * r, "sent_bytes": 6 << 20}}
+           for lv, r in (("partner", partner), ("xor", xor), ("rs", 0.5))}
+    (tmp_path / "incremental.json").write_text(json.dumps({
+        "machine": {"date": "2026-12-04T00:00", "cpu": "x", "nproc": 2, "loadavg": [1.0, 1.0, 1.0]},
+        "ranks": 4, "mib_per_rank": mib, "frac": 0.1, "medians": med,
+        "summary": {lv: {"time_ratio": med[lv]["incremental"]["seconds"] / 0.1} for lv in med},
+        "targets": {lv: {"met": med[lv]["incremental"]["seconds"] / 0.1 <= 0.6} for lv in ("partner", "xor")}}))
+    return [ln for ln in report.table(str(tmp_path)).splitlines() if ln.startswith("| with `incremental`")][0]
+
+
+def test_incremental_target(tmp_path):
+    assert _incremental(tmp_path, 64, 0.4, 0.5).endswith("| partner **met**; xor **met** |")
+    line = _incremental(tmp_path, 64, 0.4, 0.7)
+    assert line.endswith("| partner **met**; xor **not met** |") and "xor 70 vs 100 ms = 0.70×" in line
+    assert _incremental(tmp_path, 16, 0.4, 0.5).endswith("| partner **not comparable**; xor **not comparable** |")
