@@ -103,9 +103,17 @@ class Checkpointer:
     """Protects the state of an MPI application across failures.
 
     ``Checkpointer(comm, config=None, **overrides)`` is collective; use it as a context manager.
+
+    ``_node_map`` (internal, for hpcckpt.online): with ``ranks_per_node = "auto"``, the rank ->
+    node map to use instead of detecting one (one node index per rank, the same on every rank;
+    numbered as ``Topology.build`` numbers them). An online job gives every Checkpointer it
+    builds the map of its original placement, so that after a recovery a spare stands in for the
+    lost rank's node: the manifests' placement still matches, survivors restore from their
+    caches and the replacement is rebuilt from partner copies / parity. Ignored with an integer
+    ``ranks_per_node`` (nothing is detected then).
     """
 
-    def __init__(self, comm, config=None, **overrides):
+    def __init__(self, comm, config=None, *, _node_map=None, **overrides):
         self.comm = comm                 # the application's: never used for the library's messages
         self._closed = True
         self._locks = []
@@ -133,7 +141,10 @@ class Checkpointer:
             if c.result[0] != U64_MAX - c.result[1]:
                 self._settings_differ()
             _setup_logging(self.config, comm.rank)
-            self.topology = Topology.build(self._comm, self.config.ranks_per_node)
+            if _node_map is not None and self.config.ranks_per_node == "auto":
+                self.topology = Topology.given(self._comm, _node_map)     # pinned (hpcckpt.online)
+            else:
+                self.topology = Topology.build(self._comm, self.config.ranks_per_node)
             self.cache = LocalCache(self.config, self.topology)
             with Collective(self._comm, "creating the cache directory"):
                 try:

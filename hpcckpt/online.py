@@ -154,6 +154,7 @@ class _Loop:
         self.nworkers = comm.size - spares
         self.logical = self.me if self.me < self.nworkers else -1     # worker number, -1: a spare
         self.workers = self._split(self.world)
+        self.node_map = self._original_node_map()
         self.worker_world_ranks = set(range(self.nworkers))     # in the world: the workers, in order
         self.ckpt = None
         self.state = None
@@ -193,6 +194,17 @@ class _Loop:
             w.Set_errhandler(MPI.ERRORS_RETURN)
         return w
 
+    def _original_node_map(self):
+        """Collective over the world (spares included): the workers' rank -> node map as
+        ``ranks_per_node = "auto"`` detects it at the start, pinned for the whole job. Every
+        Checkpointer of the job gets it (``_node_map``): after a recovery a spare stands in for
+        the node of the rank it replaces, wherever it really runs, so the placement the
+        checkpoints were written with still holds (docs/ONLINE.md). With an integer
+        ranks_per_node the Checkpointer ignores it."""
+        from .topology import Topology, renumbered
+        world_map = Topology.build(self.world, "auto").node_of
+        return renumbered(world_map[:self.nworkers])
+
     def _work(self, fresh):
         """Collective over the workers: (re)open the Checkpointer, restart, run the steps."""
         from .checkpointer import Checkpointer
@@ -201,7 +213,7 @@ class _Loop:
             overrides["start"] = "resume"     # this run's checkpoints: a start = "fresh" run resumes them
         if self.state is None:
             self.state = self.init(self.workers)
-        self.ckpt = Checkpointer(self.workers, self.config, **overrides)
+        self.ckpt = Checkpointer(self.workers, self.config, _node_map=self.node_map, **overrides)
         first = self.ckpt.restart(self.state)
         if first is None and not fresh:
             self.state = self.init(self.workers)          # nothing to restore: from the start

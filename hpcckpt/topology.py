@@ -37,6 +37,31 @@ class Topology:
             node_of = tuple(r // int(ranks_per_node) for r in range(comm.size))
         return cls(comm.rank, comm.size, node_of)
 
+    @classmethod
+    def given(cls, comm, node_of):
+        """Local: the topology of a rank -> node map decided elsewhere (hpcckpt.online pins the
+        original placement across a recovery: a spare stands in for the lost rank's node).
+        ``node_of`` must have one node index per rank of ``comm``, numbered 0..k-1 in order of
+        each node's lowest rank (as ``build`` numbers them); ValueError otherwise."""
+        node_of = tuple(int(n) for n in node_of)
+        if len(node_of) != comm.size:
+            raise ValueError(f"a node map of {len(node_of)} ranks for a communicator of {comm.size}")
+        first = {}
+        for n in node_of:
+            first.setdefault(n, len(first))
+        if any(first[n] != n for n in node_of):
+            raise ValueError(f"node map {node_of}: nodes must be numbered 0..k-1 in order of their lowest rank")
+        return cls(comm.rank, comm.size, node_of)
+
+
+def renumbered(node_of):
+    """Pure: ``node_of`` with nodes numbered 0..k-1 in order of their lowest rank (as
+    ``Topology.build`` numbers them), e.g. a world map restricted to some of its ranks."""
+    first = {}
+    for n in node_of:
+        first.setdefault(n, len(first))
+    return tuple(first[n] for n in node_of)
+
 
 def interleaved_order(node_of):
     """Ranks sorted by (index within their node, node): neighbours sit on different nodes."""

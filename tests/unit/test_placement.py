@@ -130,3 +130,29 @@ def test_encoded_rebuild_plan_refuses_unknown_or_inconsistent_groups():
     bad = list(good)
     bad[3] = ({**good[3][0], "group": [2, 3]}, True)  # rank 3 claims another group
     assert encoded.rebuild_plan(bad, [False, True, True, True]) is None
+
+
+class _Comm:
+    """The two attributes Topology.given reads (it is local: no MPI call)."""
+    def __init__(self, rank, size):
+        self.rank, self.size = rank, size
+
+
+def test_a_given_node_map_is_used_as_is():
+    from hpcckpt.topology import Topology
+    t = Topology.given(_Comm(3, 5), [0, 0, 1, 1, 2])
+    assert t.node_of == (0, 0, 1, 1, 2) and t.node == 1 and t.size == 5
+
+
+@pytest.mark.parametrize("bad", [[0, 0, 1], [0, 0, 1, 1, 2, 2], [1, 1, 0, 0, 2], [0, 0, 2, 2, 3]])
+def test_a_given_node_map_must_fit_and_be_numbered_as_build_numbers_it(bad):
+    from hpcckpt.topology import Topology
+    with pytest.raises(ValueError):
+        Topology.given(_Comm(0, 5), bad)
+
+
+def test_a_world_map_restricted_to_the_workers_is_renumbered():
+    from hpcckpt.topology import renumbered
+    # 7 processes 2 per node, the last 2 spares: the workers' map is the world's first 5 entries
+    assert renumbered((0, 0, 1, 1, 2, 2, 3)[:5]) == (0, 0, 1, 1, 2)
+    assert renumbered((3, 3, 1, 0, 1)) == (0, 0, 1, 2, 1)
