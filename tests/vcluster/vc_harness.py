@@ -67,12 +67,32 @@ class Result:
                 f"({self.seconds:.1f} s)\n--- stdout\n{self.stdout[-4000:]}\n--- stderr\n{self.stderr[-4000:]}")
 
 
-def run(cmd, timeout, env=None):
-    """Run ``cmd`` in a new session under ``timeout``; on timeout kill its process group."""
+def run(cmd, timeout, env=None, during=None):
+    """Run ``cmd`` in a new session under ``timeout``; on timeout kill its process group.
+    ``during(deadline)`` (time.monotonic), if given, runs while the command does (its output goes
+    to files meanwhile); if it raises, the command's process group is killed and the error raised."""
+    import tempfile
     import time
     full_env = dict(os.environ)
     full_env.update({k: str(v) for k, v in (env or {}).items()})
     t0 = time.monotonic()
+    if during is not None:
+        with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
+            proc = subprocess.Popen([str(c) for c in cmd], stdout=fo, stderr=fe, text=True, env=full_env,
+                                    start_new_session=True, stdin=subprocess.DEVNULL, cwd=REPO)
+            timed_out = False
+            try:
+                during(t0 + timeout)
+                proc.wait(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            fo.seek(0)
+            fe.seek(0)
+            return Result(list(cmd), proc.returncode, fo.read(), fe.read(), timed_out, time.monotonic() - t0)
     proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=full_env, start_new_session=True, stdin=subprocess.DEVNULL, cwd=REPO)
     timed_out = False
@@ -116,6 +136,11 @@ class Cluster:
         """Lose ``node`` for real: its processes SIGKILLed, its tmpfs (/dev/shm, the cache) gone."""
         return self.vc("kill", node)
 
+    def lose(self, node):
+        """Lose ``node``'s ranks and files, not the MPI launcher's daemon (jobs/vcluster lose: Open
+        MPI 5.0.11's runtime ends the whole job when it loses a daemon, even under ULFM)."""
+        return self.vc("lose", node)
+
     def boot(self, node):
         """A fresh, empty node under the same name."""
         return self.vc("boot", node)
@@ -123,18 +148,29 @@ class Cluster:
     def exec(self, node, *cmd, timeout=30):
         return self.vc("exec", node, *cmd, timeout=timeout, check=False)
 
-    def mpirun(self, nprocs, app, *args, rpn=None, nodes=None, timeout=120):
-        """``jobs/vcluster mpirun`` of tests/vcluster/apps/<app> on ``nprocs`` ranks, ``rpn`` per node."""
+    def mpirun_cmd(self, nprocs, app, *args, rpn=None, nodes=None, ft=False):
         cmd = [VCLUSTER, "--name", self.name, "mpirun", "-n", nprocs]
         if rpn:
             cmd += ["--ranks-per-node", rpn]
         if nodes:
             cmd += ["--nodes", ",".join(nodes)]
-        cmd += ["--", sys.executable, os.path.join(APPS, app), *args]
+        if ft:
+            cmd += ["--ft"]
+        return cmd + ["--", sys.executable, os.path.join(APPS, app), *args]
+
+    def mpirun(self, nprocs, app, *args, rpn=None, nodes=None, timeout=120, ft=False, during=None):
+        """``jobs/vcluster mpirun`` of tests/vcluster/apps/<app> on ``nprocs`` ranks, ``rpn`` per node
+        (``ft``: a fault-tolerant ULFM job, ``mpirun --ft``). ``during(deadline)``, if given, is
+        called while the job runs (e.g. to lose a node); the job is killed if it raises."""
+        cmd = self.mpirun_cmd(nprocs, app, *args, rpn=rpn, nodes=nodes, ft=ft)
         # the nodes' /dev/shm go with their tmpfs; /tmp is the host's: what a killed job leaves
         # there (MPICH's hydra_hwloc_xmlfile_*, Open MPI's session dirs) is removed after the job
         with self.mpi.cleanup():
-            res = run(cmd, timeout, self.env)
+            try:
+                res = run(cmd, timeout, self.env, during=during)
+            except BaseException:
+                self.vc("killprocs", check=False)
+                raise
             if res.timed_out:
                 self.vc("killprocs", check=False)
         if res.timed_out:
