@@ -19,8 +19,10 @@ survivors, spares included, shrink the world, learn from one allgather who is go
 each lost worker number to a spare (``Split`` with key = that number): the new worker
 communicator has the original size and order. A new Checkpointer on it restarts every rank from
 the newest checkpoint (survivors from their node cache; a spare that took rank r's number reads
-rank r's node cache, or is rebuilt from partner copies / parity when that node is lost; the pfs
-only when no cheaper level has it), and the loop resumes at the next step. An agreement (ULFM
+rank r's node cache, or is rebuilt from partner copies / parity when that node is lost or the
+spare runs on another host; the pfs only when no cheaper level has it), and the loop resumes at
+the next step. The rank -> node map is the one detected at the start, pinned for the whole job
+(a spare stands in for the node of the rank it replaces; docs/ONLINE.md). An agreement (ULFM
 ``Agree``) confirms each recovery; a failure during one starts it again.
 
 Every wait is bounded: the shrink, the allgather and the agreement of a recovery are polled
