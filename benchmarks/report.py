@@ -108,7 +108,7 @@ def incremental_comparable(inc):
 
 
 def sources(d, names=("levels", "recovery", "codecs", "integrity", "async", "naive", "numba", "background", "overhead",
-                      "incremental"), cpu=None):
+                      "incremental", "online"), cpu=None):
     """'name date (load average at its end)' of each JSON the table reads; its CPU too where it
     is not ``cpu``."""
     parts = []
@@ -297,6 +297,15 @@ def table(d):
                    + ", ".join(f"{k} {v['value']:+.1%} of the loop time ({v['blocked_share']:.1%} inside checkpoint())"
                                for k, v in t.items())
                    + f" | {mark(all(v['met'] for v in t.values()))} |")
+    onl = load(d, "online")
+    if onl and onl.get("ranks"):
+        rows_ = sorted(onl["ranks"].items(), key=lambda kv: int(kv[0]))
+        out.append(f"| online recovery ≥ 3× faster than relaunch + restart (same job, level `{onl['level']}`, "
+                   f"{onl['mib_per_rank']} MiB per rank, {onl['spares']} spare; a killed rank until every rank has its state back) | "
+                   + "; ".join(f"{n} ranks: {r['seconds']['online_kill_to_restored']:.2f} s online vs "
+                               f"{r['seconds']['relaunch_kill_to_restored']:.2f} s relaunch = {r['x_kill_to_restored']:.1f}×"
+                               for n, r in rows_)
+                   + f" | {mark(all(r['x_kill_to_restored'] >= 3 for _, r in rows_))} |")
     if numba:
         med = numba["medians"]
         parts = [f"{k}: {v['total']:.1f} s" for k, v in med.items()]
