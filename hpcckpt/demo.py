@@ -19,6 +19,43 @@ from . import mpi_launch
 
 
 # ---------------------------------------------------------------------------- the application
+def _rows(nx, size, rank):
+    """Local: every rank's number of rows, this rank's first row and its number of rows."""
+    rows = [nx // size + (1 if r < nx % size else 0) for r in range(size)]
+    return rows, sum(rows[:rank]), rows[rank]
+
+
+def _initial_field(nx, ny, size, rank):
+    """Local: this rank's rows of the initial field, with one halo row above and below."""
+    import numpy as np
+    _, row0, nloc = _rows(nx, size, rank)
+    u = np.zeros((nloc + 2, ny))
+    gi = np.arange(row0, row0 + nloc)[:, None]
+    gj = np.arange(ny)[None, :]
+    u[1:-1] = np.exp(-((gi - nx / 2) ** 2 + (gj - ny / 2) ** 2) / (0.02 * nx * ny))
+    if rank == size - 1:
+        u[-1] = 1.0                          # a hot bottom edge
+    return u
+
+
+def _advance(comm, u, new, alpha):
+    """Collective with the neighbouring ranks: exchange the halo rows, then one explicit step of
+    the heat equation on this rank's rows of ``u`` (``new``: scratch of the interior's shape)."""
+    import numpy as np
+    from mpi4py import MPI
+    rank, size = comm.rank, comm.size
+    up, down = (rank - 1 if rank > 0 else MPI.PROC_NULL), (rank + 1 if rank < size - 1 else MPI.PROC_NULL)
+    comm.Sendrecv(u[1], dest=up, recvbuf=u[-1], source=down)
+    comm.Sendrecv(u[-2], dest=down, recvbuf=u[0], source=up)
+    c = u[1:-1, 1:-1]
+    np.add(u[:-2, 1:-1], u[2:, 1:-1], out=new)
+    new += u[1:-1, :-2]
+    new += u[1:-1, 2:]
+    new -= 4.0 * c
+    new *= alpha
+    c += new
+
+
 def heat_app(argv=None):
     """Collective (run under mpiexec): advance the heat equation, checkpointing as scheduled."""
     p = argparse.ArgumentParser(prog="python -m hpcckpt.demo")
@@ -41,18 +78,10 @@ def heat_app(argv=None):
 
     comm = MPI.COMM_WORLD
     rank, size = comm.rank, comm.size
-    rows = [a.nx // size + (1 if r < a.nx % size else 0) for r in range(size)]
-    row0, nloc = sum(rows[:rank]), rows[rank]
-    up, down = (rank - 1 if rank > 0 else MPI.PROC_NULL), (rank + 1 if rank < size - 1 else MPI.PROC_NULL)
+    rows, row0, nloc = _rows(a.nx, size, rank)
     alpha = 0.2
-
-    u = np.zeros((nloc + 2, a.ny))          # one halo row above and below
+    u = _initial_field(a.nx, a.ny, size, rank)
     new = np.empty((nloc, a.ny - 2))
-    gi = np.arange(row0, row0 + nloc)[:, None]
-    gj = np.arange(a.ny)[None, :]
-    u[1:-1] = np.exp(-((gi - a.nx / 2) ** 2 + (gj - a.ny / 2) ** 2) / (0.02 * a.nx * a.ny))
-    if rank == size - 1:
-        u[-1] = 1.0                          # a hot bottom edge
     step_done = np.full((), -1, np.int64)
 
     rpn = a.ranks_per_node if a.ranks_per_node == "auto" else int(a.ranks_per_node)
@@ -65,15 +94,7 @@ def heat_app(argv=None):
         if rank == 0:
             print(f"RESTART {start} {time.time():.6f}", flush=True)     # the time: the relaunch figure of --online
         for step in range(0 if start is None else start + 1, a.steps):
-            comm.Sendrecv(u[1], dest=up, recvbuf=u[-1], source=down)
-            comm.Sendrecv(u[-2], dest=down, recvbuf=u[0], source=up)
-            c = u[1:-1, 1:-1]
-            np.add(u[:-2, 1:-1], u[2:, 1:-1], out=new)
-            new += u[1:-1, :-2]
-            new += u[1:-1, 2:]
-            new -= 4.0 * c
-            new *= alpha
-            c += new
+            _advance(comm, u, new, alpha)
             step_done[...] = step
             if step == a.crash_at and rank == min(1, size - 1):
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -99,33 +120,12 @@ def heat_online_app(a):
     alpha, rpn = 0.2, (a.ranks_per_node if a.ranks_per_node == "auto" else int(a.ranks_per_node))
     marker = a.result + ".killed"
 
-    def rows_of(comm):
-        rows = [a.nx // comm.size + (1 if r < a.nx % comm.size else 0) for r in range(comm.size)]
-        return rows, sum(rows[:comm.rank]), rows[comm.rank]
-
     def init(comm):
-        rows, row0, nloc = rows_of(comm)
-        u = np.zeros((nloc + 2, a.ny))
-        gi = np.arange(row0, row0 + nloc)[:, None]
-        gj = np.arange(a.ny)[None, :]
-        u[1:-1] = np.exp(-((gi - a.nx / 2) ** 2 + (gj - a.ny / 2) ** 2) / (0.02 * a.nx * a.ny))
-        if comm.rank == comm.size - 1:
-            u[-1] = 1.0
-        return {"u": u, "step": np.full((), -1, np.int64)}
+        return {"u": _initial_field(a.nx, a.ny, comm.size, comm.rank), "step": np.full((), -1, np.int64)}
 
     def step(comm, state, i):
         rank, size, u = comm.rank, comm.size, state["u"]
-        up, down = (rank - 1 if rank > 0 else MPI.PROC_NULL), (rank + 1 if rank < size - 1 else MPI.PROC_NULL)
-        comm.Sendrecv(u[1], dest=up, recvbuf=u[-1], source=down)
-        comm.Sendrecv(u[-2], dest=down, recvbuf=u[0], source=up)
-        new = np.empty((u.shape[0] - 2, a.ny - 2))
-        c = u[1:-1, 1:-1]
-        np.add(u[:-2, 1:-1], u[2:, 1:-1], out=new)
-        new += u[1:-1, :-2]
-        new += u[1:-1, 2:]
-        new -= 4.0 * c
-        new *= alpha
-        c += new
+        _advance(comm, u, np.empty((u.shape[0] - 2, a.ny - 2)), alpha)
         state["step"][...] = i
         if i == a.crash_at and rank == min(1, size - 1) and not os.path.exists(marker):
             open(marker, "w").close()
@@ -141,7 +141,7 @@ def heat_online_app(a):
     if not out.worker:
         return
     comm, u = out.comm, out.state["u"]
-    rows, _, _ = rows_of(comm)
+    rows, _, _ = _rows(a.nx, comm.size, comm.rank)
     field = np.empty((a.nx, a.ny)) if comm.rank == 0 else None
     comm.Gatherv(np.ascontiguousarray(u[1:-1]), [field, [r * a.ny for r in rows]] if comm.rank == 0 else None, root=0)
     if comm.rank == 0:
