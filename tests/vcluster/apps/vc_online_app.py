@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import socket
+import sys
 import time
 
 import numpy as np
@@ -23,6 +24,9 @@ from mpi4py import MPI
 
 import hpcckpt
 from hpcckpt import online
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "mpi", "apps"))
+from stencil1d import advance  # noqa: E402 - tests/mpi/apps
 
 p = argparse.ArgumentParser()
 p.add_argument("--config", required=True)
@@ -67,17 +71,7 @@ def pause(comm, i):
 
 def step(comm, state, i):
     pause(comm, i)
-    u = state["u"]
-    left = comm.rank - 1 if comm.rank > 0 else MPI.PROC_NULL
-    right = comm.rank + 1 if comm.rank < comm.size - 1 else MPI.PROC_NULL
-    halo = np.zeros(2)
-    comm.Sendrecv(u[:1], dest=left, recvbuf=halo[1:], source=right)
-    comm.Sendrecv(u[-1:], dest=right, recvbuf=halo[:1], source=left)
-    ext = np.concatenate([halo[:1], u, halo[1:]])
-    u[:] = 0.25 * ext[:-2] + 0.5 * ext[1:-1] + 0.25 * ext[2:] + 1e-3 * np.cos(i + comm.rank)
-    total = np.zeros(1)
-    comm.Allreduce(np.array([u.sum()]), total)
-    state["total"][...] = total[0]
+    advance(comm, state, i)
 
 
 def recovered(r):
