@@ -143,6 +143,9 @@ try:  # an error hpcckpt raised on every rank leaves the block on every rank (no
                     info = ckpt.checkpoint(step, level=level)
                 except hpcckpt.HpcCkptError as e:
                     say(f"CKPTFAIL {step} {type(e).__name__} rank={rank} {e}")
+                    # every rank has printed before any rank goes on (a later --crash-at must
+                    # not let mpiexec kill a rank that has not written its line yet)
+                    comm.Barrier()
                     if a.unfill_after_fail:
                         unfill()
                     continue
