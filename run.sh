@@ -34,6 +34,7 @@ OPENMPI_TESTS=(
   tests/mpi/test_local.py::test_crash_then_bitwise_restart
   tests/mpi/test_redundancy.py::test_one_node_lost_is_rebuilt_bitwise
   tests/mpi/test_pfs_level.py::test_restart_on_another_rank_count
+  tests/mpi/test_pfs_level.py::test_sync_pfs_large_uneven_arrays_restore_bitwise
   "tests/mpi/test_fault_matrix.py::test_fault[local-4r2n-crash]"
   "tests/mpi/test_fault_matrix.py::test_fault[partner-4r4n-lose-node+partner]"
   "tests/mpi/test_fault_matrix.py::test_fault[xor-8r8n-lose-2-diff-groups]"

@@ -273,16 +273,68 @@ def write_file(data, path, flags, fsync=False, chunk=1 << 20):
         os.close(fd)
 
 
+def write_disk_ways(data, path, aligned):
+    """The ways of putting ``data``'s bytes in a new file on disk, durably (fsync), that the disk
+    limit takes the fastest of: {way: function()}. ``aligned``: the same bytes in a 4 KiB-aligned
+    buffer (for direct I/O), or None where direct I/O is not possible."""
+    from hpcckpt import storage
+    new = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    view = memoryview(data).cast("B")
+    piece = 8 << 20
+
+    def buffered_1mib():
+        write_file(data, path, new, fsync=True)
+
+    def pieces_writeback():          # large pwrites, the kernel starts writing each at once
+        fd = os.open(path, new, 0o600)
+        try:
+            for s in range(0, len(view), piece):
+                storage.pwrite_all(fd, view[s:s + piece], s)
+                storage.start_writeback(fd, s, min(piece, len(view) - s))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def direct():                    # O_DIRECT from an aligned buffer (the tail through the page cache)
+        fd = os.open(path, new, 0o600)
+        dfd = storage.open_direct(path)
+        try:
+            storage.write_pieces_at(fd, dfd, aligned, 0, piece)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            if dfd is not None:
+                os.close(dfd)
+    ways = {"buffered_1mib": buffered_1mib, "pwrite_8mib_writeback": pieces_writeback}
+    if aligned is not None:
+        ways["direct"] = direct
+    return ways
+
+
 LIMITS = ("memcpy", "tmpfs_new", "tmpfs_overwrite", "disk_fsync", "mpi_ring")
+
+
+def _aligned_copy(data):
+    """``data``'s bytes in a page-aligned buffer (an anonymous mapping)."""
+    import mmap
+    import numpy as np
+    view = memoryview(data).cast("B")
+    out = np.frombuffer(mmap.mmap(-1, max(1, len(view))), np.uint8)[:len(view)]
+    out[:] = np.frombuffer(view, np.uint8)
+    return out
 
 
 def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS):
     """Every rank at once, ``reps`` samples each (seconds of the slowest rank):
     memcpy into a touched buffer, a new / an overwritten tmpfs file, a new disk file + fsync,
     and an MPI ring (Sendrecv to rank+1 from rank-1) of the whole buffer. ``scratch`` is a
-    touched buffer the size of ``data``."""
+    touched buffer the size of ``data``. The disk limit ("disk_fsync") is, per sample, the
+    fastest of write_disk_ways (1 MiB writes; 8 MiB writes with early writeback; direct I/O),
+    each also kept as ``disk_<way>``: a limit that a hand-written file or the pfs level beats
+    would be no limit."""
     import numpy as np
     res = {k: [] for k in which}
+    aligned = None
     r = comm.rank
     shm = os.path.join(shm_dir, f"limit_{r}.dat")
     disk = os.path.join(disk_dir, f"limit_{r}.dat")
@@ -298,10 +350,16 @@ def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS):
             if "tmpfs_overwrite" in res:
                 res["tmpfs_overwrite"].append(timed(comm, lambda: write_file(data, shm, os.O_WRONLY)))
             os.unlink(shm)
-        if "disk_fsync" in res:
-            res["disk_fsync"].append(timed(comm, lambda: write_file(data, disk, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                                                                   fsync=True)))
-            os.unlink(disk)
+        if "disk_fsync" in res:      # the fastest of several ways, each timed here (disk_<way>)
+            if aligned is None:
+                aligned = _aligned_copy(data)
+            best = None
+            for way, fn in write_disk_ways(data, disk, aligned).items():
+                t = timed(comm, fn)
+                res.setdefault(f"disk_{way}", []).append(t)
+                best = t if best is None else min(best, t)
+                os.unlink(disk)
+            res["disk_fsync"].append(best)
         if "mpi_ring" in res and comm.size > 1:
             dst, src = (r + 1) % comm.size, (r - 1) % comm.size
             res["mpi_ring"].append(timed(comm, lambda: comm.Sendrecv(data, dst, 7, scratch, src, 7)))

@@ -44,7 +44,7 @@ from .errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError,
                      MismatchError, ProtectError)
 from .levels.local import LocalCache
 from .levels.registry import REDUNDANT, SPECS
-from .levels.pfs import PfsStore, items_from_manifest, listing as pfs_listing, remove_step_dir
+from .levels.pfs import Item, PfsStore, items_from_manifest, listing as pfs_listing, remove_step_dir
 from .levels.pfs_index import committed_steps as pfs_committed, max_index_bytes
 from .lock import DirLock
 from .topology import Topology, survivability_warnings
@@ -424,9 +424,13 @@ class Checkpointer:
         threads = (spec.redundant and self.config.background
                    or spec.flush and (self.config.async_flush or self.config.background)) and _threads_ok()
         later_redundancy = spec.redundant and self.config.background and threads
+        # a sync pfs step: the pfs files are laid out first and filled while the cache copy is made
+        early_flush = spec.flush and not threads and self.config.pfs_direct_io and self.config.write_method == "mmap"
+        pending = None
         try:
-            manifest, nbytes, seconds = self._write_and_commit(step, level, ckpt_id, state, t0,
-                                                               encode=not later_redundancy)
+            manifest, nbytes, seconds, pending = self._write_and_commit(step, level, ckpt_id, state, t0,
+                                                                        encode=not later_redundancy,
+                                                                        early_flush=early_flush)
         except HpcCkptError:
             self._discard(step, ckpt_id)  # every rank raises; no rank keeps a piece of this step
             self._report_lost_flush(flush_error)
@@ -442,7 +446,7 @@ class Checkpointer:
             self._start_background(manifest, later_redundancy, spec.flush)
         elif spec.flush:
             try:
-                self._flush_to_pfs(manifest)
+                self._flush_to_pfs(manifest, pending)
             except HpcCkptError:
                 self._report_lost_flush(flush_error)
                 raise
@@ -473,25 +477,43 @@ class Checkpointer:
                     "go in the state dict)")
         raise mark_collective(HpcCkptError(self._comm.bcast(text, root=0)))
 
-    def _write_and_commit(self, step, level, ckpt_id, state, t0, encode=True):
+    def _write_and_commit(self, step, level, ckpt_id, state, t0, encode=True, early_flush=False):
         """Collective: steps 2-5 of the save protocol; returns this rank's manifest, the bytes
-        over all ranks and the seconds of the slowest rank. ``encode`` False (background): the
-        manifest is committed as a local checkpoint; the background work commits it at its level
-        once the redundancy is complete."""
-        # 2-3. write this rank's data, then agree that every rank did (and that replicated
-        # values are equal everywhere: the min and max of their digest, in the same reduction)
-        with Collective(self._comm, f"writing checkpoint {step}") as c:
-            items, replicated_items = self._items(state)
-            try:
-                manifest = self.cache.write(step, ckpt_id, level, self._epoch, items)
-                faults.hit("written", self.comm.rank, step)
-            except OSError as e:
-                raise CheckpointWriteError(f"cannot write {e.filename or self.cache.root}: {e.strerror}") from e
-            replicated = _replicated_digests(manifest, replicated_items)
-            h = _digest_int(replicated)
-            c.words = [h, U64_MAX - h]
-        if c.result[0] != U64_MAX - c.result[1]:
-            self._replicated_differ(replicated, step)
+        over all ranks, the seconds of the slowest rank and the pfs step begun (or None).
+        ``encode`` False (background): the manifest is committed as a local checkpoint; the
+        background work commits it at its level once the redundancy is complete. ``early_flush``
+        (a sync pfs step): the pfs step is begun first and given the data as the cache write
+        copies it (_flush_to_pfs finishes it); an error here abandons it."""
+        items = pending = None
+        if early_flush:
+            with Collective(self._comm, f"checkpoint {step}: the arrays and state"):
+                items, replicated_items = self._items(state)
+            pending = self._pfs_store().begin(step, ckpt_id, [Item(n, a, layout, None) for n, a, layout in items],
+                                              epoch=self._epoch, state_keys=self._state_keys_of(state))
+        try:
+            # 2-3. write this rank's data, then agree that every rank did (and that replicated
+            # values are equal everywhere: the min and max of their digest, in the same reduction)
+            with Collective(self._comm, f"writing checkpoint {step}") as c:
+                if items is None:
+                    items, replicated_items = self._items(state)
+                try:
+                    manifest = self.cache.write(step, ckpt_id, level, self._epoch, items, pipe=pending)
+                    faults.hit("written", self.comm.rank, step)
+                except OSError as e:
+                    raise CheckpointWriteError(f"cannot write {e.filename or self.cache.root}: {e.strerror}") from e
+                replicated = _replicated_digests(manifest, replicated_items)
+                h = _digest_int(replicated)
+                c.words = [h, U64_MAX - h]
+            if c.result[0] != U64_MAX - c.result[1]:
+                self._replicated_differ(replicated, step)
+            return self._redundancy_and_commit(step, level, manifest, t0, encode) + (pending,)
+        except BaseException:
+            if pending is not None:
+                self._pfs.abandon(pending)
+            raise
+
+    def _redundancy_and_commit(self, step, level, manifest, t0, encode):
+        """Collective: steps 4-5 of the save protocol (_write_and_commit)."""
         # 4. redundancy across nodes: partner copies or parity (collective, errors agreed)
         committed = manifest
         if SPECS[level].redundant:
@@ -962,15 +984,26 @@ class Checkpointer:
         return pfs_listing(os.path.join(self.config.pfs_dir, self.config.name), self.config.name,
                            max_index_bytes(self.comm.size))
 
-    def _flush_to_pfs(self, manifest):
-        """Collective: write the committed cache step of ``manifest`` to the pfs level, then keep
-        this run's newest ``keep``."""
+    def _flush_to_pfs(self, manifest, pending=None):
+        """Collective: write the committed cache step of ``manifest`` to the pfs level (finish
+        ``pending``, the pfs step begun by the cache write, if given), then keep this run's
+        newest ``keep``."""
         store = self._pfs_store()
-        items = items_from_manifest(manifest, self.cache.mapped_arrays(manifest))
-        store.save(manifest.step, manifest.ckpt_id, items, epoch=manifest.epoch, state_keys=self._state_keys(manifest))
+        if pending is None:
+            items = items_from_manifest(manifest, self.cache.mapped_arrays(manifest))
+            store.save(manifest.step, manifest.ckpt_id, items, epoch=manifest.epoch,
+                       state_keys=self._state_keys(manifest))
+        else:        # the cache file is mapped only if the cache write left bytes to write
+            mapped = self.cache.mapped_arrays(manifest) if pending.incomplete() else None
+            items = items_from_manifest(manifest, mapped)
+            store.finish(pending, items)
         del items
         store.retire(self.config.keep, manifest.epoch, keep_upto=manifest.step,
                      clear_others=self._clear_others and self._committed)
+
+    def _state_keys_of(self, state):
+        """Local: {state key: layout kind} of a state dict ({} without one), as _state_keys."""
+        return {} if state is None else {k: self._layouts.get(k, st.PER_RANK).kind for k in state}
 
     def _state_keys(self, manifest):
         """Local: {state key: layout kind} of a committed step's state dict ({} without one)."""

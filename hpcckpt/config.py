@@ -62,6 +62,7 @@ class Config:
     incremental_block: int = 1 << 20    # bytes per block compared between checkpoints (incremental)
     incremental_full_every: int = 8     # a full redundant checkpoint after this many incremental ones
     incremental_max_changed: float = 0.5  # a full one when a rank changed more than this fraction of its blocks
+    pfs_direct_io: bool = True          # pfs: write large arrays with O_DIRECT where the file system can
     write_method: str = "mmap"          # local data files: "mmap" (copy+checksum in one pass) or "pwrite"
     reuse_files: bool = True            # overwrite retired files instead of creating new ones
     cache_fsync: bool = False           # fsync node-local data files (not needed on tmpfs)
@@ -139,7 +140,8 @@ class Config:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _INT_KEYS = ("group_size", "rs_parity", "keep", "incremental_full_every")
-_BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush", "background", "abort_on_error", "incremental")
+_BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush", "background", "abort_on_error", "incremental",
+              "pfs_direct_io")
 _STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "write_method", "log_level", "start")
 _TABLE_KEYS = ("schedule", "level_mtbf")
 

@@ -142,9 +142,80 @@ def align(n, to=64):
     return (n + to - 1) // to * to
 
 
+DIRECT_ALIGN = 4096
+"""Address, file offset and length unit of direct I/O (O_DIRECT): 4 KiB suits devices of 512-byte
+and of 4 KiB logical blocks."""
+PAGE_ALIGN_MIN = 64 << 10
+"""Arrays at least this large start at a DIRECT_ALIGN offset of a local data file, so that the
+pfs flush can write them from their mapping with direct I/O; smaller ones are 64-byte aligned."""
+
+
+def array_offset(offset, nbytes):
+    """Local: where an array of ``nbytes`` goes in a data file whose previous array ends at ``offset``."""
+    return align(offset, DIRECT_ALIGN if nbytes >= PAGE_ALIGN_MIN else 64)
+
+
+def open_direct(path):
+    """Local: ``path`` opened for writing with direct I/O (O_DIRECT: the device reads the bytes
+    from the process's memory, no copy into the page cache), or None where the OS or the file
+    system does not do direct I/O."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | os.O_NOFOLLOW | flag)
+    except OSError as e:
+        if e.errno == errno.EINVAL:       # tmpfs before Linux 6.6, some FUSE and network file systems
+            return None
+        raise
+
+
+def direct_bytes(view, offset):
+    """Local: how many leading bytes of ``view`` (uint8) may go to ``offset`` with direct I/O: 0
+    unless its address and the offset are DIRECT_ALIGN-aligned, else its length rounded down."""
+    if view.nbytes < DIRECT_ALIGN or offset % DIRECT_ALIGN or view.ctypes.data % DIRECT_ALIGN:
+        return 0
+    return view.nbytes // DIRECT_ALIGN * DIRECT_ALIGN
+
+
+def write_pieces_at(fd, direct_fd, view, offset, piece, fault=None):
+    """Local: write ``view`` (uint8) at ``offset`` in system calls of ``piece`` bytes: its aligned
+    part through ``direct_fd`` (the file opened with open_direct, or None), the rest through
+    ``fd`` with early writeback (start_writeback). Returns ``direct_fd``, or None after closing it
+    when the file system refused a direct write (EINVAL): the rest goes through ``fd``.
+    ``fault()``, a test hook, is called after each piece."""
+    start = 0
+    direct = direct_bytes(view, offset) if direct_fd is not None else 0
+    while start < direct:
+        end = min(start + piece, direct)
+        try:
+            n = os.pwrite(direct_fd, view[start:end], offset + start)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            os.close(direct_fd)
+            direct_fd, direct = None, start
+            break
+        if n <= 0 or n % DIRECT_ALIGN:     # a short direct write: the rest buffered
+            start += max(n, 0)
+            direct = start
+            break
+        start += n
+        if fault is not None:
+            fault()
+    for at in range(start, view.nbytes, piece):
+        end = min(at + piece, view.nbytes)
+        pwrite_all(fd, view[at:end], offset + at)
+        start_writeback(fd, offset + at, end - at)
+        if fault is not None:
+            fault()
+    return direct_fd
+
+
 def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault=None, method="mmap",
-                 on_mapped=None):
-    """Write arrays back to back (64-byte aligned) into one file, hashing each while writing.
+                 on_mapped=None, on_chunk=None):
+    """Write arrays back to back into one file (at array_offset: 4 KiB-aligned when large,
+    64-byte aligned otherwise), hashing each while writing.
 
     ``arrays`` is a list of (name, array). ``method`` "mmap" copies each array into the file
     mapped in memory and hashes it in the same pass (codecs.xxh3); "pwrite" writes each ``chunk``
@@ -153,7 +224,10 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
     on tmpfs). Returns a list of (name, offset, nbytes, checksum hex) and the file size.
     ``fault()``, a test hook, is called after each chunk. ``on_mapped(file_bytes)``: with the
     "mmap" method, called with the whole written file while it is still mapped (its pages are
-    mapped already: the incremental block digests are computed there).
+    mapped already: the incremental block digests are computed there). ``on_chunk(i, done)``:
+    with the "mmap" method, called after each ``chunk`` of array ``i`` with a read-only view of
+    its bytes in the mapped file that are final so far (a growing prefix; the sync pfs flush
+    writes them out meanwhile); its views must be released before on_mapped returns.
     """
     if reuse is not None:
         try:
@@ -162,13 +236,14 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
             pass
     layout, offset = [], 0
     for name, array in arrays:
+        offset = array_offset(offset, array.nbytes)
         layout.append((name, offset, array.nbytes))
-        offset = align(offset + array.nbytes)
+        offset += array.nbytes
     size = layout[-1][1] + layout[-1][2] if layout else 0
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, mode)
     try:
         if method == "mmap" and size and _CAN_MAP:
-            digests = _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped)
+            digests = _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped, on_chunk)
         else:
             digests = _write_pieces(fd, arrays, layout, chunk, fault)
             os.ftruncate(fd, size)
@@ -179,7 +254,22 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
     return [(name, offset, nbytes, digest) for (name, offset, nbytes), digest in zip(layout, digests)], size
 
 
-def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None):
+def _chunk_hook(i, dst, fault, on_chunk):
+    """The after_chunk(done) of array ``i``'s copy into ``dst``: the fault hook, then on_chunk."""
+    if fault is None and on_chunk is None:
+        return None
+
+    def after_chunk(done):
+        if fault is not None:
+            fault()
+        if on_chunk is not None:
+            final = dst[:done]
+            final.flags.writeable = False
+            on_chunk(i, final)
+    return after_chunk
+
+
+def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chunk=None):
     """write_arrays' "mmap" method: copy and hash in one pass into the mapped file."""
     os.ftruncate(fd, size)
     # Every block must exist before the copy: a page the file system cannot give to a mapped
@@ -190,8 +280,12 @@ def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None):
     mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
     try:
         file_bytes = np.frombuffer(mapping, np.uint8)
-        digests = [hexdigest_of(copy_and_hash(byte_view(array), file_bytes[offset:offset + nbytes], chunk, fault))
-                   for (_, array), (_, offset, nbytes) in zip(arrays, layout)]
+        digests = []
+        for i, ((_, array), (_, offset, nbytes)) in enumerate(zip(arrays, layout)):
+            dst = file_bytes[offset:offset + nbytes]
+            digests.append(hexdigest_of(copy_and_hash(byte_view(array), dst, chunk,
+                                                      _chunk_hook(i, dst, fault, on_chunk))))
+            del dst
         if on_mapped is not None:
             on_mapped(file_bytes)
         del file_bytes

@@ -187,8 +187,10 @@ def _aligned_empty(nbytes, alignment=64):
 def copy_and_hash(src, dst, chunk, after_chunk=None):
     """Copy ``src`` into ``dst`` (1-D uint8, same size); return src's XXH3-64 digest (int). Local.
 
-    With ``after_chunk`` (a test hook), works through ``chunk`` bytes at a time and calls it after
-    each; without, copies the whole array in one kernel call. Inputs of 240 bytes or less, a
+    With ``after_chunk``, works through ``chunk`` bytes at a time and calls ``after_chunk(done)``
+    after each, ``done`` being how many leading bytes of ``dst`` are now final (a test hook, and
+    the pfs flush that writes them out while the rest is copied); without, copies the whole array
+    in one kernel call. Inputs of 240 bytes or less, a
     source not 8-byte aligned or a destination not 64-byte aligned, and machines where the kernel
     failed its check are copied and hashed separately (the same digest, one more pass).
     """
@@ -202,7 +204,7 @@ def copy_and_hash(src, dst, chunk, after_chunk=None):
         dst[start:start + chunk] = src[start:start + chunk]
         hasher.update(src[start:start + chunk])
         if after_chunk is not None:
-            after_chunk()
+            after_chunk(min(start + chunk, n))
     return hasher.intdigest()
 
 
@@ -220,5 +222,5 @@ def _copy_and_hash_fused(src, dst, chunk, after_chunk):
         if end == n:
             dst[tail:] = src[tail:]
         if after_chunk is not None:
-            after_chunk()
+            after_chunk(n if end == n else whole)
     return finish(acc, src, tail // BLOCK_BYTES)

@@ -91,11 +91,13 @@ class LocalCache:
         storage.makedirs(self.root, self.cfg.dir_mode)
 
     # ------------------------------------------------------------------ save
-    def write(self, step, ckpt_id, level, epoch, items):
+    def write(self, step, ckpt_id, level, epoch, items, pipe=None):
         """Write this rank's arrays for ``step`` (not yet committed); return its RankManifest.
 
         ``items`` is a list of (name, C-contiguous array, hpcckpt.state.Layout). A committed
-        manifest of another job or placement at this step is never written over.
+        manifest of another job or placement at this step is never written over. ``pipe`` (a
+        sync pfs step's PendingStep) is given each array's bytes as they are copied, and drained
+        before the file is unmapped.
         """
         if os.path.islink(self.step_dir(step)):
             os.unlink(self.step_dir(step))   # never write (or uncommit) through a planted link
@@ -115,15 +117,19 @@ class LocalCache:
         chunks = sum(-(-a.nbytes // self.cfg.io_chunk) for _, a, _ in items)
         fault = faults.HalfWay("write", self.rank, step, max(1, chunks // 2)) if faults.active() else None
         self.block_digests = None
-        on_mapped = None
-        if self.cfg.incremental and level in REDUNDANT:   # digested while the new file is mapped
-            def on_mapped(file_bytes):
+        digest_blocks = self.cfg.incremental and level in REDUNDANT
+
+        def on_mapped(file_bytes):
+            if digest_blocks:     # digested while the new file is mapped
                 from .delta import block_digests
                 self.block_digests = (step, self.cfg.incremental_block,
                                       block_digests(file_bytes, self.cfg.incremental_block))
+            if pipe is not None:
+                pipe.drain()
         entries, size = storage.write_arrays(path, [(n, a) for n, a, _ in items], self.cfg.io_chunk,
                                              self.cfg.file_mode, self.cfg.cache_fsync, reuse, fault,
-                                             self.cfg.write_method, on_mapped)
+                                             self.cfg.write_method, on_mapped if digest_blocks or pipe is not None else None,
+                                             pipe.write if pipe is not None else None)
         table = []
         for (name, array, layout), (_, offset, nbytes, checksum) in zip(items, entries):
             table.append(mf.ArrayEntry(name, array.dtype.str, tuple(array.shape), offset, nbytes, checksum,

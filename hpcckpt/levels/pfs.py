@@ -12,10 +12,13 @@ Save (a flush of a committed cache step), collective: every rank describes the a
 hashed again); the descriptions are gathered to the node's aggregator and to rank 0 (never to
 every rank); rank 0 checks them and builds the index; rank 0 creates ``step_<S>.tmp-<ckpt_id>``;
 each aggregator creates its node file with contiguous, pre-allocated datasets and sends the
-node's ranks their offsets; every rank writes its raw bytes there with pwrite; the aggregator
-fsyncs; rank 0 writes the master; all agree; rank 0 renames the directory into place and writes
-COMMITTED.json atomically. A crash at any point leaves the previous committed step untouched and
-the new one unlisted. Replicated and root arrays are written once, by rank 0.
+node's ranks their offsets; every rank's NodeWriter writes its raw bytes there (direct I/O where
+it can); the aggregator fsyncs; rank 0 writes the master; all agree; rank 0 renames the
+directory into place and writes COMMITTED.json atomically. A crash at any point leaves the
+previous committed step untouched and the new one unlisted. Replicated and root arrays are
+written once, by rank 0. ``save`` is ``begin`` (up to the layout) then ``finish``; a sync pfs
+checkpoint calls ``begin`` before the cache write, which hands the writer the bytes as it copies
+them, and ``finish`` once the cache step is committed (docs/PFS.md, "Protocol").
 
 Restore, collective: rank 0 reads and checks the index (and rank 0's state document); every
 rank plans what it reads — its own blocks on the same rank count, a box of each global array
@@ -58,9 +61,11 @@ from .pfs_index import (GLOBAL_LAYOUTS, MARKER, MASTER, TRASH, SHARED_LAYOUTS, B
                         listing as _listing, max_index_bytes, read_index)
 
 WRITE_PIECE = 8 << 20
-"""Bytes per pwrite of the node files (at least ``io_chunk``); the kernel starts writing each
-piece to the device right after it (storage.start_writeback), so that the final fsync has less
-left to do (docs/PFS.md, "The flush protocol")."""
+"""Bytes per pwrite of the node files (at least ``io_chunk``). With ``pfs_direct_io`` the
+4 KiB-aligned part of each array goes to the device straight from the cache's mapping (O_DIRECT);
+the rest goes through the page cache, and the kernel starts writing each such piece right after
+it (storage.start_writeback), so that the final fsync has less left to do (docs/PFS.md, "The
+flush protocol")."""
 
 log = logging.getLogger("hpcckpt")
 __all__ = ["PfsStore", "Item", "items_from_arrays", "items_from_manifest", "listing", "remove_step_dir", "MARKER",
@@ -77,9 +82,10 @@ class Item:
 
 
 def items_from_manifest(manifest, mapped):
-    """Items of a committed cache step: ``mapped`` are its arrays (LocalCache.mapped_arrays)."""
-    arrays = {name: a for name, a, _, _ in mapped}
-    return [Item(a.name, arrays[a.name], st.Layout(a.layout, a.global_shape, a.global_offset), a.checksum)
+    """Items of a committed cache step: ``mapped`` are its arrays (LocalCache.mapped_arrays;
+    None: the items carry no data, for a PendingStep given all of it already)."""
+    arrays = {name: a for name, a, _, _ in mapped or ()}
+    return [Item(a.name, arrays.get(a.name), st.Layout(a.layout, a.global_shape, a.global_offset), a.checksum)
             for a in manifest.arrays]
 
 
@@ -158,9 +164,15 @@ class PfsStore:
     def save(self, step, ckpt_id, items, *, epoch=1, state_keys=None):
         """Collective: write ``items`` (this rank's Items) as committed step ``step`` of run
         ``epoch``; return the bytes this rank wrote. ``state_keys``: {state key: layout kind}."""
+        return self.finish(self.begin(step, ckpt_id, items, epoch=epoch, state_keys=state_keys), items)
+
+    def begin(self, step, ckpt_id, items, *, epoch=1, state_keys=None):
+        """Collective: the first half of save(): check every rank's ``items`` and build the index
+        (rank 0), create the temporary step directory, lay out the node files; returns the
+        PendingStep. Items may come without checksums (None): then their bytes may be handed to
+        ``PendingStep.write`` while the cache write hashes them, and finish() gets the checksums."""
         with Collective(self.comm, f"pfs checkpoint of step {step}"):
             meta = self._describe_items(step, ckpt_id, items)
-        mine = [it for it in items if it.layout.kind not in SHARED_LAYOUTS or self.rank == 0]
         node_meta = self.node_comm.gather(meta, root=0)
         everyone = self.comm.gather((meta, state_keys or {}), root=0)
         with Collective(self.comm, f"pfs checkpoint of step {step}: checking the arrays of every rank"):
@@ -174,28 +186,65 @@ class PfsStore:
                     metas[r] = m
                 node_index = self._index(step, ckpt_id, epoch, _entries(metas, self.size, partial=True), {})
         del everyone, node_meta
-        tmp = self._tmp_dir(step, ckpt_id)
-        renamed = [False]
+        mine = [it for it in items if it.layout.kind not in SHARED_LAYOUTS or self.rank == 0]
+        piece = max(self.chunk, WRITE_PIECE)
+        pending = PendingStep(step, self._tmp_dir(step, ckpt_id), index, sum(it.array.nbytes for it in mine),
+                              all(it.checksum is not None for it in items))
         try:
-            with Collective(self.comm, f"pfs checkpoint of step {step}: creating {tmp}"):
+            with Collective(self.comm, f"pfs checkpoint of step {step}: creating {pending.tmp}"):
                 if self.rank == 0:
                     try:
-                        if os.path.lexists(tmp):
-                            shutil.rmtree(tmp)
-                        os.mkdir(tmp, self.cfg.dir_mode)
+                        if os.path.lexists(pending.tmp):
+                            shutil.rmtree(pending.tmp)
+                        os.mkdir(pending.tmp, self.cfg.dir_mode)
                     except OSError as e:
-                        raise CheckpointWriteError(f"cannot create {e.filename or tmp}: {e.strerror}") from e
+                        raise CheckpointWriteError(f"cannot create {e.filename or pending.tmp}: {e.strerror}") from e
+            path = os.path.join(pending.tmp, lay.node_file(self.node))
+            offsets = None
+            with Collective(self.comm, f"pfs checkpoint of step {step}: laying out the node files"):
+                if self.is_aggregator:
+                    try:
+                        offsets = files.create_node_file(path, node_index, self.node, self.node_ranks,
+                                                         self.cfg.file_mode)
+                    except OSError as e:
+                        raise CheckpointWriteError(f"cannot create {e.filename or path}: "
+                                                   f"{' '.join(str(e.strerror or e).split())}") from e
+            offsets = self.node_comm.bcast(offsets, root=0)
+            pieces = sum(-(-it.array.nbytes // piece) for it in mine)
+            fault = faults.HalfWay("pfs-write", self.rank, step, max(1, pieces // 2)) if faults.active() else None
+            targets = {i: (offsets[(self.rank, it.name)], it.array.nbytes) for i, it in enumerate(items)
+                       if (self.rank, it.name) in offsets}
+            pending.writer = NodeWriter(path, targets, piece, self.cfg.pfs_direct_io, fault)
+        except HpcCkptError:
+            self.abandon(pending)
+            raise
+        return pending
+
+    def finish(self, pending, items):
+        """Collective: the second half of save(): write what ``pending``'s writer has not been
+        given (from ``items``' arrays, which may be None where it has), make the node files
+        durable (with the checksums ``items`` carry, when begin() had none), write the master and
+        commit; return the bytes this rank wrote. On failure the temporary directory is gone."""
+        step = pending.step
+        renamed = [False]
+        try:
             size = None
             with Collective(self.comm, f"writing pfs checkpoint {step}"):
                 try:
-                    size = self._write_node(tmp, node_index, step, mine)
+                    size = self._write_node(pending, items)
                     faults.hit("pfs-written", self.rank, step)
                 except OSError as e:
                     why = " ".join(str(e.strerror or e).split())   # HDF5's messages span lines
-                    raise CheckpointWriteError(f"cannot write {e.filename or tmp}: {why}") from e
+                    raise CheckpointWriteError(f"cannot write {e.filename or pending.tmp}: {why}") from e
+            index = pending.index
+            if not pending.checksums_known:      # rank 0's index gets every rank's checksums now
+                sums = self.comm.gather({it.name: it.checksum for it in items}, root=0)
+                if self.rank == 0:
+                    index = _with_checksums(index, sums)
             sizes = self.comm.gather((self.node, size) if self.is_aggregator else None, root=0)
             with Collective(self.comm, f"committing pfs checkpoint {step}"):
                 if self.rank == 0:
+                    tmp = pending.tmp
                     try:
                         files_ = {lay.node_file(n): s for n, s in sorted(v for v in sizes if v is not None)}
                         index = dataclasses.replace(index, files=files_)
@@ -206,10 +255,19 @@ class PfsStore:
                         raise CheckpointWriteError(f"cannot commit pfs step {step}: {e.strerror}"
                                                    + (f" ({e.filename})" if e.filename else "")) from e
         except HpcCkptError:
+            pending.writer.close()
             if self.rank == 0:
-                self._remove_tree(self.step_dir(step) if renamed[0] else tmp)
+                self._remove_tree(self.step_dir(step) if renamed[0] else pending.tmp)
             raise
-        return sum(it.array.nbytes for it in mine)
+        return pending.nbytes
+
+    def abandon(self, pending):
+        """Local, on every rank when a step begun is given up (its error agreed): stop this
+        rank's writer; rank 0 removes the temporary directory."""
+        if pending.writer is not None:
+            pending.writer.close()
+        if self.rank == 0:
+            self._remove_tree(pending.tmp)
 
     def _describe_items(self, step, ckpt_id, items):
         """Local: validate this rank's items; return their descriptions (what rank 0 and the
@@ -255,47 +313,34 @@ class PfsStore:
             raise ProtectError("nothing to checkpoint: no arrays")
         return self._index(step, ckpt_id, epoch, entries, state_keys)
 
-    def _write_node(self, tmp, node_index, step, mine):
-        """Collective over the node: the aggregator lays out the node file, every rank writes its
-        own bytes at their offsets, the aggregator fsyncs; returns the file size (aggregator)."""
-        views = [storage.byte_view(it.array) for it in mine]
-        piece = max(self.chunk, WRITE_PIECE)
-        pieces = sum(-(-v.nbytes // piece) for v in views)
-        fault = faults.HalfWay("pfs-write", self.rank, step, max(1, pieces // 2)) if faults.active() else None
-        path = os.path.join(tmp, lay.node_file(self.node))
-        error, offsets = None, None
-        if self.is_aggregator:
-            try:
-                offsets = files.create_node_file(path, node_index, self.node, self.node_ranks, self.cfg.file_mode)
-            except Exception as e:   # noqa: BLE001 - reported below, after the node agreed
-                error = e
-        offsets = self.node_comm.bcast(offsets, root=0)
-        if offsets is not None:
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
-                try:
-                    for it, view in zip(mine, views):
-                        at = offsets[(self.rank, it.name)]
-                        for start in range(0, view.nbytes, piece):
-                            storage.pwrite_all(fd, view[start:start + piece], at + start)
-                            storage.start_writeback(fd, at + start, min(piece, view.nbytes - start))
-                            if fault is not None:
-                                fault()
-                finally:
-                    os.close(fd)
-            except OSError as e:
-                error = e
+    def _write_node(self, pending, items):
+        """Collective over the node: every rank's writer finishes its bytes (those it was not
+        given yet come from ``items``), the aggregator sets the checksums begin() lacked and
+        fsyncs; returns the file size (aggregator)."""
+        writer = pending.writer
+        for i, it in enumerate(items):
+            if writer.missing(i):
+                writer.write(i, storage.byte_view(it.array))
+        error = writer.close()
         failed = self.node_comm.allreduce(error is not None)
+        checksums = None
+        if not pending.checksums_known:
+            checksums = self.node_comm.gather({it.name: it.checksum for i, it in enumerate(items)
+                                               if i in writer.targets}, root=0)
         if self.is_aggregator and not failed:
             try:
-                storage.fsync_file(path)
+                if checksums is not None:
+                    files.set_checksums(writer.path, dict(zip(self.node_ranks, checksums)))
+                storage.fsync_file(writer.path)
             except OSError as e:
                 error = e
+        if isinstance(error, BaseException) and not isinstance(error, Exception):
+            raise error          # KeyboardInterrupt / SystemExit of a test fault in the writer thread
         if error is not None:
             raise error
         if failed:          # the failing rank raises; the agreement makes every rank raise its error
             return None
-        return os.path.getsize(path) if self.is_aggregator else None
+        return os.path.getsize(writer.path) if self.is_aggregator else None
 
     def _commit(self, tmp, index, renamed):
         """Local (rank 0): make the step durable and visible (``renamed[0]`` once renamed)."""
@@ -665,6 +710,105 @@ class PfsStore:
 
     def _remove_tree(self, path):
         _remove_tree(path)
+
+
+@dataclasses.dataclass
+class PendingStep:
+    """A pfs step between PfsStore.begin and finish: its temporary directory, rank 0's index,
+    the bytes this rank writes, and this rank's NodeWriter."""
+    step: int
+    tmp: str
+    index: Index
+    nbytes: int
+    checksums_known: bool
+    writer: "NodeWriter" = None
+
+    def write(self, i, final):
+        """Local: ``final`` is a prefix of item ``i``'s bytes that will not change (the cache
+        write's on_chunk): it goes to the node file while the rest is copied."""
+        self.writer.write(i, final, early=True)
+
+    def drain(self):
+        """Local: wait until what was handed over is written (before its memory goes away)."""
+        self.writer.close()
+
+    def incomplete(self):
+        """Local: True when some of this rank's bytes were not handed over yet."""
+        return any(self.writer.missing(i) for i in self.writer.targets)
+
+
+class NodeWriter:
+    """Local: one rank's writes into its node file, in a thread of their own. ``targets``:
+    {item number: (file offset, nbytes)}. Large aligned parts go with direct I/O when
+    ``direct`` (storage.write_pieces_at). ``close()`` waits for what was handed over and returns
+    the first error (an exception, or None); handing over more starts the thread again."""
+
+    def __init__(self, path, targets, piece, direct, fault=None):
+        self.path, self.targets, self.piece, self.direct, self.fault = path, targets, piece, direct, fault
+        self.given = {}               # item number -> bytes handed over so far
+        self.error = None
+        self._queue = self._thread = None
+
+    def missing(self, i):
+        """True when item ``i`` is this rank's and not all of its bytes were handed over."""
+        return i in self.targets and self.given.get(i, 0) < self.targets[i][1]
+
+    def write(self, i, data, early=False):
+        """Hand over the bytes of item ``i`` that ``data`` (a uint8 view of its first bytes) adds.
+        ``early``: more will follow; hand over only whole ``piece``s (DIRECT_ALIGN-aligned
+        ends) until ``data`` is the whole item."""
+        if i not in self.targets:
+            return
+        at, nbytes = self.targets[i]
+        start, end = self.given.get(i, 0), data.nbytes
+        if early and end < nbytes:
+            end = end // storage.DIRECT_ALIGN * storage.DIRECT_ALIGN
+            if end - start < self.piece:
+                return
+        if end <= start:
+            return
+        if self._thread is None:
+            import queue
+            import threading
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._run, name="hpcckpt-pfs-write", daemon=True)
+            self._thread.start()
+        self._queue.put((data[start:end], at + start))
+        self.given[i] = end
+
+    def _run(self):
+        fd = direct = None
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW)
+            direct = storage.open_direct(self.path) if self.direct else None
+            while (job := self._queue.get()) is not None:
+                if self.error is None:
+                    direct = storage.write_pieces_at(fd, direct, job[0], job[1], self.piece, self.fault)
+                del job
+        except BaseException as e:   # noqa: BLE001 - close() hands it to the caller (a test fault's exit too)
+            self.error = self.error or e
+        finally:
+            for f in (fd, direct):
+                if f is not None:
+                    os.close(f)
+
+    def close(self):
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = self._queue = None      # what a failed thread left queued is released
+        return self.error
+
+
+def _with_checksums(index, sums):
+    """Local (rank 0): ``index`` with every block's checksum from ``sums`` [{name: checksum}
+    per rank]."""
+    arrays = []
+    for e in index.arrays:
+        blocks = tuple(None if b is None else dataclasses.replace(b, checksum=sums[r][e.name])
+                       for r, b in enumerate(e.blocks))
+        arrays.append(dataclasses.replace(e, blocks=blocks))
+    return dataclasses.replace(index, arrays=tuple(arrays))
 
 
 class _Deleter:

@@ -38,7 +38,8 @@ def create_node_file(path, index, node, node_ranks, file_mode):
     dcpl.set_fill_time(h5d.FILL_TIME_NEVER)
     dcpl.set_obj_track_times(False)
     offsets = {}
-    with h5py.File(path, "w", libver=LIBVER, locking=False) as f:
+    with h5py.File(path, "w", libver=LIBVER, locking=False, alignment_threshold=storage.PAGE_ALIGN_MIN,
+                   alignment_interval=storage.DIRECT_ALIGN) as f:     # large datasets start on a 4 KiB boundary
         root_attrs(f, index, NODE_FORMAT)
         f.attrs["node"] = np.int64(node)
         f.attrs["ranks"] = np.asarray(node_ranks, np.int64)
@@ -53,7 +54,7 @@ def create_node_file(path, index, node, node_ranks, file_mode):
                 space = h5s.create(h5s.SCALAR) if b.shape == () else h5s.create_simple(b.shape)
                 dsid = h5d.create(g.id, e.name.encode(), types[e.name], space, dcpl=dcpl)
                 ds = g[e.name]
-                ds.attrs["checksum"] = b.checksum
+                ds.attrs["checksum"] = b.checksum if b.checksum is not None else ""   # set_checksums fills it
                 ds.attrs["layout"] = e.layout
                 if e.global_shape is not None:
                     ds.attrs["global_shape"] = np.asarray(e.global_shape, np.int64)
@@ -63,6 +64,17 @@ def create_node_file(path, index, node, node_ranks, file_mode):
                     raise CheckpointWriteError(f"{path}: HDF5 did not allocate {e.name!r} of rank {r}")
                 offsets[(r, e.name)] = off
     return offsets
+
+
+def set_checksums(path, checksums):
+    """The checksum attributes of a node file laid out before its data was hashed:
+    ``checksums`` is {rank: {array name: checksum}}."""
+    import h5py
+    with h5py.File(path, "r+", locking=False) as f:
+        for r, sums in checksums.items():
+            g = f[lay.rank_group(r)]
+            for name, checksum in sums.items():
+                g[name].attrs["checksum"] = checksum
 
 
 def write_master(path, index, file_mode):

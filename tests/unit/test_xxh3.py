@@ -84,12 +84,29 @@ def test_copy_and_hash_read_only_source_and_chunk_hook(rng):
     src.flags.writeable = False
     dst = _at(n)
     calls = []
-    digest = xxh3.copy_and_hash(src, dst, 4096, after_chunk=lambda: calls.append(1))
+    digest = xxh3.copy_and_hash(src, dst, 4096, after_chunk=calls.append)
     assert digest == xxhash.xxh3_64_intdigest(src) and np.array_equal(dst, src)
     assert len(calls) == -(-n // 4096)      # once per chunk, the tail's chunk included
     calls.clear()
-    xxh3.copy_and_hash(src, dst, 5000, after_chunk=lambda: calls.append(1))   # rounded to whole blocks
+    xxh3.copy_and_hash(src, dst, 5000, after_chunk=calls.append)   # rounded to whole blocks
     assert len(calls) == -(-n // 4096)
+
+
+@pytest.mark.parametrize("dst_misalign", [0, 8])      # the fused kernel, and the two-pass path
+def test_copy_and_hash_hook_reports_the_final_prefix(rng, dst_misalign):
+    """after_chunk(done): dst[:done] is already the copy (what the pfs flush writes out early),
+    done grows, and the last call reports the whole array."""
+    n = 9 * 4096 + 777
+    src = rng.integers(0, 256, n, dtype=np.uint8)
+    dst = _at(n, dst_misalign)
+    dst[:] = 0
+    seen = []
+
+    def hook(done):
+        assert np.array_equal(dst[:done], src[:done])
+        seen.append(done)
+    assert xxh3.copy_and_hash(src, dst, 4096, after_chunk=hook) == xxhash.xxh3_64_intdigest(src)
+    assert seen == sorted(seen) and seen[-1] == n and len(seen) == -(-n // 4096)
 
 
 def test_copy_and_hash_stops_where_the_hook_raises(rng):
@@ -99,7 +116,7 @@ def test_copy_and_hash_stops_where_the_hook_raises(rng):
     dst = _at(n)
     dst[:] = 0
 
-    def fail_on_third():
+    def fail_on_third(done):
         fail_on_third.calls += 1
         if fail_on_third.calls == 3:
             raise OSError(28, "injected")

@@ -1,0 +1,146 @@
+"""Direct I/O and the pfs node writer (local, one process, real files): what reaches the file is
+exactly the bytes handed over, whichever way each part went (O_DIRECT, the page cache, a
+fallback after the file system refused direct I/O), and errors come back from close()."""
+import errno
+import mmap
+import os
+
+import numpy as np
+import pytest
+
+from hpcckpt import storage
+from hpcckpt.levels.pfs import NodeWriter
+
+A = storage.DIRECT_ALIGN
+
+
+def aligned(nbytes, misalign=0, seed=0):
+    """Random uint8 data at a DIRECT_ALIGN boundary (+ misalign) of an anonymous mapping."""
+    m = mmap.mmap(-1, nbytes + A + misalign)
+    view = np.frombuffer(m, np.uint8)[misalign:misalign + nbytes]
+    view[:] = np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+    return view
+
+
+def file_of(path, size):
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(fd, size)
+    return fd
+
+
+def test_large_arrays_start_page_aligned_in_data_files(tmp_path):
+    """array_offset: 4 KiB for arrays of PAGE_ALIGN_MIN or more (the pfs flush writes them with
+    direct I/O from the cache's mapping), 64 bytes for smaller ones; the file round-trips."""
+    big = storage.PAGE_ALIGN_MIN
+    arrays = [("s", np.arange(3, dtype=np.int8)), ("b", np.ones(big // 8 + 1)), ("t", np.zeros(5)),
+              ("c", np.arange(big, dtype=np.uint8))]
+    entries, size = storage.write_arrays(str(tmp_path / "f.dat"), arrays, 1 << 20)
+    offsets = {name: off for name, off, _, _ in entries}
+    assert offsets["s"] == 0 and offsets["b"] % A == 0 and offsets["c"] % A == 0
+    assert offsets["t"] % 64 == 0 and offsets["t"] % A != 0
+    data = (tmp_path / "f.dat").read_bytes()
+    for (_, a), (_, off, nbytes, _) in zip(arrays, entries):
+        assert data[off:off + nbytes] == a.tobytes()
+
+
+@pytest.mark.parametrize("nbytes,misalign,offset", [
+    (3 * A, 0, 0),                 # all direct
+    (5 * A + 123, 0, 2 * A),       # direct, then a buffered tail
+    (5 * A + 123, 8, 2 * A),       # memory not aligned: all buffered
+    (5 * A, 0, 100),               # file offset not aligned: all buffered
+    (100, 0, 0),                   # shorter than one block
+])
+def test_write_pieces_at_writes_exactly_the_bytes(tmp_path, nbytes, misalign, offset):
+    view = aligned(nbytes, misalign)
+    path = str(tmp_path / "f")
+    fd = file_of(path, offset + nbytes + 50)
+    direct = storage.open_direct(path)
+    try:
+        left = storage.write_pieces_at(fd, direct, view, offset, 2 * A)
+        assert left is direct                     # nothing refused
+    finally:
+        os.close(fd)
+        if direct is not None:
+            os.close(direct)
+    data = open(path, "rb").read()
+    assert data[offset:offset + nbytes] == view.tobytes()
+    assert data[:offset] == bytes(offset) and data[offset + nbytes:] == bytes(50)
+
+
+def test_direct_bytes_is_the_aligned_prefix():
+    view = aligned(3 * A + 5)
+    assert storage.direct_bytes(view, 0) == 3 * A
+    assert storage.direct_bytes(view, 512) == 0
+    assert storage.direct_bytes(view[8:], 0) == 0
+    assert storage.direct_bytes(view[:A - 1], 0) == 0
+
+
+def test_a_refused_direct_write_falls_back_to_the_page_cache(tmp_path, monkeypatch):
+    """EINVAL from a direct write (a file system that opens O_DIRECT but cannot do it): the
+    direct descriptor is closed, None returned, and every byte still written."""
+    view = aligned(6 * A)
+    path = str(tmp_path / "f")
+    fd = file_of(path, view.nbytes)
+    direct = os.open(path, os.O_WRONLY)          # stands in for the O_DIRECT descriptor
+    real = os.pwrite
+    calls = []
+
+    def pwrite(f, data, at):
+        if f == direct:
+            calls.append(at)
+            if len(calls) == 2:
+                raise OSError(errno.EINVAL, "Invalid argument")
+        return real(f, data, at)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    try:
+        assert storage.write_pieces_at(fd, direct, view, 0, 2 * A) is None
+        with pytest.raises(OSError):
+            os.fstat(direct)                       # closed by write_pieces_at
+    finally:
+        os.close(fd)
+    assert calls == [0, 2 * A]
+    assert open(path, "rb").read() == view.tobytes()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_node_writer_takes_growing_prefixes(tmp_path, direct):
+    """The cache write hands over final prefixes as it copies (early=True): only whole pieces
+    go until the item is complete; small items and an item never handed over are written later;
+    the file holds every item at its offset."""
+    piece = 4 * A
+    big = aligned(10 * piece + 777, seed=1)
+    small = aligned(300, seed=2)
+    late = aligned(3 * A, seed=3)
+    targets = {0: (0, big.nbytes), 1: (12 * piece, small.nbytes), 3: (13 * piece, late.nbytes)}
+    path = str(tmp_path / "node.h5")
+    os.close(file_of(path, 14 * piece))
+    w = NodeWriter(path, targets, piece, direct)
+    for done in range(0, big.nbytes, 3 * A):       # prefixes, as copy_and_hash reports them
+        w.write(0, big[:done], early=True)
+        assert w.given.get(0, 0) % A == 0
+    assert w.missing(0)
+    w.write(0, big, early=True)                    # complete: the tail goes too
+    w.write(1, small, early=True)
+    w.write(2, small, early=True)                  # not this rank's: ignored
+    assert not w.missing(0) and not w.missing(1) and not w.missing(2) and w.missing(3)
+    assert w.close() is None                       # drained; handing over more restarts it
+    w.write(3, late)
+    assert w.close() is None and not w.missing(3)
+    data = open(path, "rb").read()
+    for i, v in ((0, big), (1, small), (3, late)):
+        at, n = targets[i]
+        assert data[at:at + n] == v.tobytes()
+
+
+def test_node_writer_reports_its_error_and_a_test_fault(tmp_path):
+    w = NodeWriter(str(tmp_path / "missing" / "node.h5"), {0: (0, A)}, A, True)
+    w.write(0, aligned(A))
+    assert isinstance(w.close(), FileNotFoundError)
+    path = str(tmp_path / "node.h5")
+    os.close(file_of(path, 4 * A))
+
+    def interrupt():
+        raise KeyboardInterrupt("injected")
+    w = NodeWriter(path, {0: (0, 4 * A)}, A, True, fault=interrupt)
+    w.write(0, aligned(4 * A))
+    assert isinstance(w.close(), KeyboardInterrupt)
