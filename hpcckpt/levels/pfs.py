@@ -57,7 +57,7 @@ from ..errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError
                       MismatchError, ProtectError)
 from . import hdf5_layout as lay
 from . import pfs_files as files
-from .pfs_index import (GLOBAL_LAYOUTS, MARKER, MASTER, TRASH, SHARED_LAYOUTS, Block, Entry, Index, id_ok,
+from .pfs_index import (GLOBAL_LAYOUTS, MARKER, MASTER, SPARE, TRASH, SHARED_LAYOUTS, Block, Entry, Index, id_ok,
                         listing as _listing, max_index_bytes, read_index)
 
 WRITE_PIECE = 8 << 20
@@ -146,9 +146,12 @@ class PfsStore:
         communicators. Calling it twice is harmless."""
         if self.comm is not None:
             self._deleter.wait()
+            if self.is_aggregator:
+                storage.remove_file(self._spare_path())
             self.comm.Barrier()                 # every node's removals are done: .trash is empty
             if self.rank == 0:
                 _remove_tree(self.trash)
+                _remove_tree(os.path.join(self.root, SPARE))
             self.node_comm.Free()
             self.comm.Free()
             self.comm = self.node_comm = None
@@ -204,8 +207,10 @@ class PfsStore:
             with Collective(self.comm, f"pfs checkpoint of step {step}: laying out the node files"):
                 if self.is_aggregator:
                     try:
-                        offsets = files.create_node_file(path, node_index, self.node, self.node_ranks,
-                                                         self.cfg.file_mode)
+                        offsets = self._reuse_spare(path, node_index)
+                        if offsets is None:
+                            offsets = files.create_node_file(path, node_index, self.node, self.node_ranks,
+                                                             self.cfg.file_mode)
                     except OSError as e:
                         raise CheckpointWriteError(f"cannot create {e.filename or path}: "
                                                    f"{' '.join(str(e.strerror or e).split())}") from e
@@ -219,6 +224,25 @@ class PfsStore:
             self.abandon(pending)
             raise
         return pending
+
+    def _reuse_spare(self, path, node_index):
+        """Local (aggregator): with ``reuse_files``, move this node's spare (a retired node file)
+        to ``path`` and lay it out for ``node_index``; its offsets, or None (no spare, or one of
+        another layout: removed) for a new file."""
+        spare = self._spare_path()
+        if not self.cfg.reuse_files or os.path.islink(spare) or not os.path.isfile(spare):
+            return None
+        try:
+            os.replace(spare, path)
+        except FileNotFoundError:
+            return None
+        offsets = files.reuse_node_file(path, node_index, self.node, self.node_ranks)
+        log.debug("rank %d: pfs step %d: %s the retired node file %s", self.rank, node_index.step,
+                  "overwriting" if offsets is not None else "another layout: not reusing", spare)
+        return offsets
+
+    def _spare_path(self):
+        return os.path.join(self.root, SPARE, lay.node_file(self.node))
 
     def finish(self, pending, items):
         """Collective: the second half of save(): write what ``pending``'s writer has not been
@@ -687,9 +711,12 @@ class PfsStore:
                         retired.append(trashed)
         # each aggregator removes its node's file, rank 0 the rest (background threads)
         retired = self.comm.bcast(retired, root=0)
+        spare = self._spare_path() if self.cfg.reuse_files and self.is_aggregator and retired else None
+        if spare is not None:
+            storage.makedirs(os.path.dirname(spare), self.cfg.dir_mode)
         for path in retired:
-            if self.is_aggregator:
-                self._deleter.remove(os.path.join(path, lay.node_file(self.node)))
+            if self.is_aggregator:      # the first becomes this node's spare (reuse_files), if it has none
+                self._deleter.remove(os.path.join(path, lay.node_file(self.node)), spare=spare)
             if self.rank == 0:
                 self._deleter.remove(path, keep=lay.NODE_FILE_RE)
 
@@ -819,12 +846,13 @@ class _Deleter:
     def __init__(self):
         self._pool, self._pending = None, []
 
-    def remove(self, path, keep=None):
+    def remove(self, path, keep=None, spare=None):
         """Remove ``path`` (a file, or a tree; with ``keep``, a regular expression, the files
-        whose names match stay, and so does the directory if they do)."""
+        whose names match stay, and so does the directory if they do). ``spare``: a file path
+        ``path`` (a regular file) is moved to instead, if nothing is there yet."""
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hpcckpt-pfs-remove")
-        self._pending.append(self._pool.submit(_remove_path, path, keep))
+        self._pending.append(self._pool.submit(_remove_path, path, keep, spare))
 
     def wait(self):
         for f in self._pending:
@@ -832,8 +860,11 @@ class _Deleter:
         self._pending = []
 
 
-def _remove_path(path, keep=None):
+def _remove_path(path, keep=None, spare=None):
     try:
+        if spare is not None and os.path.isfile(path) and not os.path.islink(path) and not os.path.lexists(spare):
+            os.replace(path, spare)
+            return
         if os.path.isdir(path) and not os.path.islink(path):
             if keep is None:
                 _remove_tree(path)

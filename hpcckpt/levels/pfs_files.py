@@ -53,17 +53,71 @@ def create_node_file(path, index, node, node_ranks, file_mode):
                     continue
                 space = h5s.create(h5s.SCALAR) if b.shape == () else h5s.create_simple(b.shape)
                 dsid = h5d.create(g.id, e.name.encode(), types[e.name], space, dcpl=dcpl)
-                ds = g[e.name]
-                ds.attrs["checksum"] = b.checksum if b.checksum is not None else ""   # set_checksums fills it
-                ds.attrs["layout"] = e.layout
-                if e.global_shape is not None:
-                    ds.attrs["global_shape"] = np.asarray(e.global_shape, np.int64)
-                    ds.attrs["global_offset"] = np.asarray(b.offset, np.int64)
+                _dataset_attrs(g[e.name], e, b)
                 off = dsid.get_offset()
                 if off is None and e.nbytes(r) > 0:
                     raise CheckpointWriteError(f"{path}: HDF5 did not allocate {e.name!r} of rank {r}")
                 offsets[(r, e.name)] = off
     return offsets
+
+
+def _dataset_attrs(ds, e, b):
+    """The attributes of rank block ``b`` of index entry ``e`` on dataset ``ds``."""
+    ds.attrs["checksum"] = b.checksum if b.checksum is not None else ""   # set_checksums fills it
+    ds.attrs["layout"] = e.layout
+    for key, value in (("global_shape", e.global_shape), ("global_offset", b.offset)):
+        if e.global_shape is not None:
+            ds.attrs[key] = np.asarray(value, np.int64)
+        elif key in ds.attrs:
+            del ds.attrs[key]
+
+
+def reuse_node_file(path, index, node, node_ranks):
+    """A retired node file (a ``reuse_files`` spare, moved to ``path``) made the node file of
+    ``index`` when its datasets are exactly the ones needed (groups, names, shapes, types,
+    contiguous and allocated): its attributes are rewritten for the new step and the
+    {(rank, array name): file offset} returned, as create_node_file does; the bytes are then
+    overwritten in place (no block allocation). Otherwise (or unreadable) the file is removed
+    and None returned."""
+    import h5py
+    from h5py import h5d
+    offsets = {}
+    try:
+        with h5py.File(path, "r+", locking=False) as f:
+            want = {lay.rank_group(r).lstrip("/") for r in node_ranks}
+            if set(f.keys()) != want or to_str(f.attrs.get("format", "")) != NODE_FORMAT:
+                raise _NotReusable()
+            for r in node_ranks:
+                g = f[lay.rank_group(r)]
+                blocks = {e.name: (e, e.blocks[r]) for e in index.arrays if e.blocks[r] is not None}
+                if set(g.keys()) != set(blocks):
+                    raise _NotReusable()
+                for name, (e, b) in blocks.items():
+                    ds = g[name]
+                    dsid = ds.id
+                    if not isinstance(ds, h5py.Dataset) or ds.shape != tuple(b.shape) \
+                            or dsid.get_type() != h5_type(np.dtype(e.dtype)) \
+                            or dsid.get_create_plist().get_layout() != h5d.CONTIGUOUS:
+                        raise _NotReusable()
+                    off = dsid.get_offset()
+                    if off is None and e.nbytes(r) > 0:
+                        raise _NotReusable()
+                    offsets[(r, name)] = off
+            root_attrs(f, index, NODE_FORMAT)
+            f.attrs["node"] = np.int64(node)
+            for r in node_ranks:
+                g = f[lay.rank_group(r)]
+                for e in index.arrays:
+                    if e.blocks[r] is not None:
+                        _dataset_attrs(g[e.name], e, e.blocks[r])
+        return offsets
+    except (_NotReusable, OSError, KeyError, ValueError, TypeError):
+        storage.remove_file(path)
+        return None
+
+
+class _NotReusable(Exception):
+    """reuse_node_file: the spare's layout is not the one needed."""
 
 
 def set_checksums(path, checksums):

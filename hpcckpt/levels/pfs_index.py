@@ -24,6 +24,7 @@ VERSION = 2
 MASTER = "checkpoint.h5"
 MARKER = "COMMITTED.json"
 TRASH = ".trash"                  # retired step directories while their files are removed
+SPARE = ".spare"                  # reuse_files: one retired node file per node, overwritten next
 LAYOUTS = mf.LAYOUTS
 GLOBAL_LAYOUTS = ("block", "rows")       # stored as one global dataset (a virtual dataset in the master)
 SHARED_LAYOUTS = ("replicated", "root")  # stored once, by rank 0

@@ -170,3 +170,38 @@ def test_sync_pfs_large_uneven_arrays_restore_bitwise(direct_io, shm_dir, tmp_pa
               env={"HPCCKPT_LOG_LEVEL": "INFO"})
     assert restart_step(res) == 9 and "from pfs" in res.stderr
     assert outputs(tmp_path / "out") == outputs(tmp_path / "ref_out")
+
+
+def test_retired_node_files_are_overwritten_and_removed_at_close(shm_dir, tmp_path, reference):
+    """reuse_files: a retired pfs step's node file becomes its node's spare and the next pfs
+    step overwrites it (same layout); a crash leaves the spares, which never count as a
+    checkpoint; the restart is bitwise; close() removes them. A spare of another layout (one
+    larger arrays) is not reused: a new file is made."""
+    res = app(4, shm_dir, "--level", "pfs", "--steps", 30, "--crash-at", 27, expect_ok=False,
+              env={"HPCCKPT_LOG_LEVEL": "DEBUG"})
+    overwritten = [ln for ln in res.stderr.splitlines() if "overwriting the retired node file" in ln]
+    assert len(overwritten) >= 2 * 2, str(res)        # both aggregators, from the 4th pfs step on
+    spares = os.path.join(shm_dir, "pfs", "app", ".spare")
+    assert sorted(os.listdir(spares)) == ["node_000000.h5", "node_000001.h5"]
+    lose_every_cache(shm_dir)
+    res = app(4, shm_dir, "--level", "pfs", "--out", tmp_path / "out", env={"HPCCKPT_LOG_LEVEL": "DEBUG"})
+    assert restart_step(res) == 24 and outputs(tmp_path / "out") != {}
+    assert not os.path.exists(spares)
+    res = app(4, shm_dir, "--level", "pfs", "--steps", 45, "--crash-at", 42, expect_ok=False)
+    assert os.listdir(spares)
+    res = app(4, shm_dir, "--level", "pfs", "--steps", 20, "--n", 1200, "--crash-at", 17,
+              env={"HPCCKPT_LOG_LEVEL": "DEBUG"}, expect_ok=False, config={"start": "fresh"})
+    assert "another layout: not reusing" in res.stderr and "CKPT 14 pfs" in res.stdout, str(res)
+    lose_every_cache(shm_dir)
+    res = app(4, shm_dir, "--level", "pfs", "--steps", 20, "--n", 1200, "--out", tmp_path / "out2")
+    assert restart_step(res) == 14
+
+
+def test_pfs_restart_from_overwritten_files_is_bitwise(shm_dir, tmp_path, reference):
+    res = app(4, shm_dir, "--level", "pfs", "--steps", 30, "--crash-at", 22, expect_ok=False,
+              env={"HPCCKPT_LOG_LEVEL": "DEBUG"})
+    assert "overwriting the retired node file" in res.stderr, str(res)
+    lose_every_cache(shm_dir)
+    res = app(4, shm_dir, "--level", "pfs", "--out", tmp_path / "out", env={"HPCCKPT_LOG_LEVEL": "INFO"})
+    assert restart_step(res) == 19 and "from pfs" in res.stderr
+    assert outputs(tmp_path / "out") == reference

@@ -144,3 +144,39 @@ def test_node_writer_reports_its_error_and_a_test_fault(tmp_path):
     w = NodeWriter(path, {0: (0, 4 * A)}, A, True, fault=interrupt)
     w.write(0, aligned(4 * A))
     assert isinstance(w.close(), KeyboardInterrupt)
+
+
+def _node_index(step, shapes, dtype="<f8", checksum="00" * 8):
+    """A two-rank node's index: array ``a`` of ``shapes[r]`` per rank, plus a block-layout ``g``."""
+    from hpcckpt.levels.pfs_index import Block, Entry, Index
+    a = Entry("a", dtype, "rank", None, tuple(Block(s, None, checksum) for s in shapes))
+    g = Entry("g", "<i4", "block", (2, 3), (Block((1, 3), (0, 0), checksum), Block((1, 3), (1, 0), checksum)))
+    return Index(name="job", step=step, ckpt_id=f"id{step}", world_size=2, created=0.0, node_of=(0, 0), files={},
+                 arrays=(a, g), epoch=1, state_keys={})
+
+
+def test_a_retired_node_file_of_the_same_layout_is_reused_in_place(tmp_path):
+    """reuse_node_file: same datasets -> same offsets, the attributes of the new step; another
+    layout (shape, dtype, arrays) -> None and the file removed, so a new one is made."""
+    import h5py
+    from hpcckpt.levels import pfs_files as files
+    path = str(tmp_path / "node_0.h5")
+    shapes = [(20000,), (30001,)]
+    offsets = files.create_node_file(path, _node_index(4, shapes), 0, [0, 1], 0o600)
+    assert all(off % A == 0 for (r, name), off in offsets.items() if name == "a")
+    inode = os.stat(path).st_ino
+    assert files.reuse_node_file(path, _node_index(9, shapes, checksum=None), 0, [0, 1]) == offsets
+    assert os.stat(path).st_ino == inode
+    with h5py.File(path, "r") as f:
+        assert int(f.attrs["step"]) == 9 and files.to_str(f.attrs["ckpt_id"]) == "id9"
+        assert files.to_str(f["rank_000001/a"].attrs["checksum"]) == ""       # set_checksums fills it
+        assert list(f["rank_000001/g"].attrs["global_offset"]) == [1, 0]
+    files.set_checksums(path, {0: {"a": "ab" * 8}, 1: {"a": "cd" * 8, "g": "ef" * 8}})
+    with h5py.File(path, "r") as f:
+        assert files.to_str(f["rank_000001/a"].attrs["checksum"]) == "cd" * 8
+    for other in (_node_index(10, [(20000,), (30002,)]), _node_index(10, shapes, dtype="<f4")):
+        assert files.reuse_node_file(path, other, 0, [0, 1]) is None and not os.path.exists(path)
+        files.create_node_file(path, _node_index(4, shapes), 0, [0, 1], 0o600)
+    assert files.reuse_node_file(path, _node_index(10, shapes), 0, [0]) is None     # another node's ranks
+    (tmp_path / "junk.h5").write_bytes(b"not hdf5")
+    assert files.reuse_node_file(str(tmp_path / "junk.h5"), _node_index(10, shapes), 0, [0, 1]) is None
