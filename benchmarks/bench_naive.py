@@ -9,8 +9,8 @@ deleted afterwards, as an application keeping one checkpoint would):
   - h5py / h5py_fsync:        an h5py file per rank, one contiguous dataset, then fsync or not
   - hpcckpt_pfs:              Checkpointer.checkpoint(step, "pfs") (local copy + HDF5, fsynced, committed)
   - hpcckpt_local:            Checkpointer.checkpoint(step, "local") (tmpfs cache)
-  - disk_fsync (limit):       the fastest way of writing the same bytes to a new file + fsync
-                              (common.write_disk_ways: 1 MiB writes, 8 MiB + early writeback, O_DIRECT)
+  - disk_fsync (limit):       the fastest way of writing the same bytes to a file + fsync (common.write_disk_ways:
+                              a new file with 1 MiB writes, 8 MiB + early writeback, O_DIRECT; an existing one overwritten)
 Without fsync the bytes are only in the page cache when the call returns: not durable.
 """
 import json
