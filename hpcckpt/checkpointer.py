@@ -248,6 +248,7 @@ class Checkpointer:
                     self._bg_comm.Free()
                 if self._pfs is not None:
                     self._pfs.close()
+                self.cache.close()
                 self._release_locks()
                 self._comm.Free()
                 self._closed = True
@@ -275,6 +276,7 @@ class Checkpointer:
                 closer()
         self._levels = {}
         self._pfs = None
+        self.cache.close()
         self._release_locks()
         self._closed = True
 

@@ -212,8 +212,68 @@ def write_pieces_at(fd, direct_fd, view, offset, piece, fault=None):
     return direct_fd
 
 
+class Mappings:
+    """Local: the shared, populated mappings of the last ``limit`` data files written (keyed by
+    device and inode), kept open between checkpoints. With ``reuse_files`` the data files
+    rotate (the retired file is overwritten next), so the next write into a file finds its
+    mapping ready: no MAP_POPULATE of every page, no munmap (together more than the copy itself
+    for large arrays). A mapping is only reused for a file of the same size, after the writer
+    has sized it; one whose file was unlinked is dropped at the next ``get`` (its memory is
+    freed then), and ``close()`` drops them all. Each entry keeps its file open."""
+
+    def __init__(self, limit):
+        import threading
+        self.limit = limit
+        self._maps = {}               # (dev, ino) -> (fd, size, mmap), oldest first
+        self._lock = threading.Lock()  # a background flush looks mappings up while a checkpoint writes
+
+    def get(self, fd, size):
+        """The mapping of the open file ``fd``, exactly ``size`` bytes long (already sized)."""
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        with self._lock:
+            self._drop_unlinked(key)
+            entry = self._maps.pop(key, None)
+            if entry is not None and entry[1] == size:
+                self._maps[key] = entry   # now the newest
+                return entry[2]
+            if entry is not None:
+                _close_mapping(entry)
+            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+            self._maps[key] = (os.dup(fd), size, mapping)
+            while len(self._maps) > self.limit:
+                _close_mapping(self._maps.pop(next(iter(self._maps))))
+            return mapping
+
+    def find(self, fd, size):
+        """The mapping kept for the open file ``fd`` if it is ``size`` bytes long, else None."""
+        st = os.fstat(fd)
+        with self._lock:
+            entry = self._maps.get((st.st_dev, st.st_ino))
+            return entry[2] if entry is not None and entry[1] == size and st.st_size == size else None
+
+    def _drop_unlinked(self, keep):
+        for key, entry in list(self._maps.items()):
+            if key != keep and os.fstat(entry[0]).st_nlink == 0:
+                _close_mapping(self._maps.pop(key))
+
+    def close(self):
+        with self._lock:
+            while self._maps:
+                _close_mapping(self._maps.popitem()[1])
+
+
+def _close_mapping(entry):
+    fd, _, mapping = entry
+    try:
+        mapping.close()
+    except BufferError:     # a view is still in use (a background flush): unmapped when it is collected
+        pass
+    os.close(fd)
+
+
 def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault=None, method="mmap",
-                 on_mapped=None, on_chunk=None):
+                 on_mapped=None, on_chunk=None, mappings=None):
     """Write arrays back to back into one file (at array_offset: 4 KiB-aligned when large,
     64-byte aligned otherwise), hashing each while writing.
 
@@ -228,6 +288,8 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
     with the "mmap" method, called after each ``chunk`` of array ``i`` with a read-only view of
     its bytes in the mapped file that are final so far (a growing prefix; the sync pfs flush
     writes them out meanwhile); its views must be released before on_mapped returns.
+    ``mappings`` (a Mappings): with the "mmap" method, the file's mapping is taken from there and
+    left open in it.
     """
     if reuse is not None:
         try:
@@ -243,7 +305,7 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, mode)
     try:
         if method == "mmap" and size and _CAN_MAP:
-            digests = _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped, on_chunk)
+            digests = _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped, on_chunk, mappings)
         else:
             digests = _write_pieces(fd, arrays, layout, chunk, fault)
             os.ftruncate(fd, size)
@@ -269,7 +331,7 @@ def _chunk_hook(i, dst, fault, on_chunk):
     return after_chunk
 
 
-def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chunk=None):
+def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chunk=None, mappings=None):
     """write_arrays' "mmap" method: copy and hash in one pass into the mapped file."""
     os.ftruncate(fd, size)
     # Every block must exist before the copy: a page the file system cannot give to a mapped
@@ -277,7 +339,8 @@ def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chu
     # overwritten file has them all already (and fallocate would walk its pages for nothing).
     if os.fstat(fd).st_blocks * 512 < size:
         os.posix_fallocate(fd, 0, size)
-    mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+    mapping = mappings.get(fd, size) if mappings is not None else \
+        mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
     try:
         file_bytes = np.frombuffer(mapping, np.uint8)
         digests = []
@@ -290,10 +353,11 @@ def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chu
             on_mapped(file_bytes)
         del file_bytes
     finally:
-        try:
-            mapping.close()
-        except BufferError:   # a fault's traceback still holds a view: unmapped when collected
-            pass
+        if mappings is None:
+            try:
+                mapping.close()
+            except BufferError:   # a fault's traceback still holds a view: unmapped when collected
+                pass
     return digests
 
 

@@ -43,6 +43,8 @@ class LocalCache:
         self.placement = mf.placement_digest(topo.node_of)
         self.root = os.path.join(expand_cache_dir(cfg, topo.node), cfg.name)
         self._buffer = None
+        # the mappings of the data files in rotation (reuse_files: the kept steps and the spare)
+        self.mappings = storage.Mappings(cfg.keep + 2) if cfg.reuse_files else None
         self.block_digests = None    # (step, block, digests) of the last write (incremental, levels/delta.py)
 
     # ------------------------------------------------------------------ paths
@@ -129,7 +131,7 @@ class LocalCache:
         entries, size = storage.write_arrays(path, [(n, a) for n, a, _ in items], self.cfg.io_chunk,
                                              self.cfg.file_mode, self.cfg.cache_fsync, reuse, fault,
                                              self.cfg.write_method, on_mapped if digest_blocks or pipe is not None else None,
-                                             pipe.write if pipe is not None else None)
+                                             pipe.write if pipe is not None else None, self.mappings)
         table = []
         for (name, array, layout), (_, offset, nbytes, checksum) in zip(items, entries):
             table.append(mf.ArrayEntry(name, array.dtype.str, tuple(array.shape), offset, nbytes, checksum,
@@ -138,6 +140,11 @@ class LocalCache:
                                step=step, level=level, ckpt_id=ckpt_id, created=time.time(),
                                data_file=mf.data_file_name(self.rank), data_size=size, arrays=tuple(table),
                                epoch=epoch, placement=self.placement)
+
+    def close(self):
+        """Local: drop the kept mappings (storage.Mappings)."""
+        if self.mappings is not None:
+            self.mappings.close()
 
     def commit(self, manifest):
         """Write the manifest atomically: from now on this rank's part of the step exists."""
@@ -209,9 +216,15 @@ class LocalCache:
         it is copied to the pfs."""
         fd = storage.open_checked(self.data_path(manifest.step), manifest.data_size)
         try:
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            whole = np.frombuffer(mmap.mmap(fd, manifest.data_size, flags=flags, prot=mmap.PROT_READ), np.uint8) \
-                if manifest.data_size else np.zeros(0, np.uint8)
+            kept = self.mappings.find(fd, manifest.data_size) if self.mappings is not None and manifest.data_size \
+                else None
+            if kept is not None:      # the mapping the write left (storage.Mappings), viewed read-only
+                whole = np.frombuffer(kept, np.uint8)
+                whole.flags.writeable = False
+            else:
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                whole = np.frombuffer(mmap.mmap(fd, manifest.data_size, flags=flags, prot=mmap.PROT_READ),
+                                      np.uint8) if manifest.data_size else np.zeros(0, np.uint8)
         finally:
             os.close(fd)
         out = []

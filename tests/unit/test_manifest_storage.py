@@ -189,3 +189,31 @@ def test_atomic_write_leaves_no_temp(tmp_path):
     storage.atomic_write_json(path, {"a": 1})
     storage.atomic_write_json(path, {"a": 2})
     assert json.load(open(path)) == {"a": 2} and os.listdir(tmp_path) == ["m.json"]
+
+
+def test_kept_mappings_are_reused_resized_dropped_and_closed(tmp_path):
+    """storage.Mappings: a rewrite of the same file (same size) finds its mapping; another size
+    maps again; a file unlinked meanwhile is dropped at the next write; at most ``limit`` are
+    kept; close() leaves no descriptor open; the bytes are always the new ones."""
+    before = len(os.listdir("/proc/self/fd"))
+    maps = storage.Mappings(2)
+    a, b, c = (str(tmp_path / n) for n in "abc")
+    data = [np.full(70000, i, np.uint8) for i in range(4)]
+    storage.write_arrays(a, [("x", data[0])], 4096, mappings=maps)
+    first = maps._maps[next(iter(maps._maps))][2]
+    storage.write_arrays(a, [("x", data[1])], 4096, mappings=maps)
+    assert len(maps._maps) == 1 and maps._maps[next(iter(maps._maps))][2] is first
+    assert open(a, "rb").read() == data[1].tobytes()
+    storage.write_arrays(a, [("x", data[2][:5000])], 4096, mappings=maps)     # another size
+    assert len(maps._maps) == 1 and open(a, "rb").read() == data[2][:5000].tobytes()
+    storage.write_arrays(b, [("x", data[3])], 4096, mappings=maps)
+    os.unlink(a)
+    storage.write_arrays(c, [("x", data[3])], 4096, mappings=maps)          # a's is dropped, not evicted
+    assert len(maps._maps) == 2
+    fd = os.open(c, os.O_RDONLY)
+    try:
+        assert maps.find(fd, data[3].nbytes) is not None and maps.find(fd, 10) is None
+    finally:
+        os.close(fd)
+    maps.close()
+    assert len(os.listdir("/proc/self/fd")) == before and open(c, "rb").read() == data[3].tobytes()
