@@ -115,8 +115,8 @@ def worker(a):
             return 0
 
         def without_integrity(method, copy=memcpy):
-            def write_by(*args):   # local.py passes write_arrays' arguments in order, the method last
-                return real[3](*args[:7], method)
+            def write_by(*args):   # local.py passes write_arrays' arguments in order, the method 8th
+                return real[3](*args[:7], method, *args[8:])
             storage.new_hasher, storage.HASH_PIECE, storage.copy_and_hash, storage.write_arrays = (
                 NoHash, 1 << 40, copy, write_by)
             try:

@@ -426,7 +426,7 @@ class Checkpointer:
         threads = (spec.redundant and self.config.background
                    or spec.flush and (self.config.async_flush or self.config.background)) and _threads_ok()
         later_redundancy = spec.redundant and self.config.background and threads
-        # a sync pfs step: the pfs files are laid out first and filled while the cache copy is made
+        # a sync pfs step with pfs_direct_io: the pfs files are laid out first, filled while the cache copy is made
         early_flush = spec.flush and not threads and self.config.pfs_direct_io and self.config.write_method == "mmap"
         pending = None
         try:

@@ -62,7 +62,7 @@ class Config:
     incremental_block: int = 1 << 20    # bytes per block compared between checkpoints (incremental)
     incremental_full_every: int = 8     # a full redundant checkpoint after this many incremental ones
     incremental_max_changed: float = 0.5  # a full one when a rank changed more than this fraction of its blocks
-    pfs_direct_io: bool = True          # pfs: write large arrays with O_DIRECT where the file system can
+    pfs_direct_io: bool = False         # pfs: write large arrays with O_DIRECT, laid out before the cache write
     write_method: str = "mmap"          # local data files: "mmap" (copy+checksum in one pass) or "pwrite"
     reuse_files: bool = True            # overwrite retired files instead of creating new ones
     cache_fsync: bool = False           # fsync node-local data files (not needed on tmpfs)
