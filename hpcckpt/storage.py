@@ -155,6 +155,16 @@ def array_offset(offset, nbytes):
     return align(offset, DIRECT_ALIGN if nbytes >= PAGE_ALIGN_MIN else 64)
 
 
+def file_layout(arrays):
+    """Local: where write_arrays puts (name, array) pairs: [(name, offset, nbytes)] and the file size."""
+    layout, offset = [], 0
+    for name, array in arrays:
+        offset = array_offset(offset, array.nbytes)
+        layout.append((name, offset, array.nbytes))
+        offset += array.nbytes
+    return layout, (layout[-1][1] + layout[-1][2] if layout else 0)
+
+
 def open_direct(path):
     """Local: ``path`` opened for writing with direct I/O (O_DIRECT: the device reads the bytes
     from the process's memory, no copy into the page cache), or None where the OS or the file
@@ -284,10 +294,12 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
     on tmpfs). Returns a list of (name, offset, nbytes, checksum hex) and the file size.
     ``fault()``, a test hook, is called after each chunk. ``on_mapped(file_bytes)``: with the
     "mmap" method, called with the whole written file while it is still mapped (its pages are
-    mapped already: the incremental block digests are computed there). ``on_chunk(i, done)``:
-    with the "mmap" method, called after each ``chunk`` of array ``i`` with a read-only view of
-    its bytes in the mapped file that are final so far (a growing prefix; the sync pfs flush
-    writes them out meanwhile); its views must be released before on_mapped returns.
+    mapped already: the incremental block digests are computed there, unless taken
+    earlier). ``on_chunk(i, final, source)``: with the "mmap" method, called after each ``chunk``
+    of array ``i`` with a read-only view of its bytes in the mapped file that are final so far (a
+    growing prefix; the sync pfs flush writes them out meanwhile) and the same prefix of the
+    source array (still in the CPU cache: the incremental block digests are taken there); its
+    views must be released before on_mapped returns.
     ``mappings`` (a Mappings): with the "mmap" method, the file's mapping is taken from there and
     left open in it.
     """
@@ -296,12 +308,7 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
             os.replace(reuse, path)
         except FileNotFoundError:
             pass
-    layout, offset = [], 0
-    for name, array in arrays:
-        offset = array_offset(offset, array.nbytes)
-        layout.append((name, offset, array.nbytes))
-        offset += array.nbytes
-    size = layout[-1][1] + layout[-1][2] if layout else 0
+    layout, size = file_layout(arrays)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, mode)
     try:
         if method == "mmap" and size and _CAN_MAP:
@@ -316,8 +323,9 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
     return [(name, offset, nbytes, digest) for (name, offset, nbytes), digest in zip(layout, digests)], size
 
 
-def _chunk_hook(i, dst, fault, on_chunk):
-    """The after_chunk(done) of array ``i``'s copy into ``dst``: the fault hook, then on_chunk."""
+def _chunk_hook(i, src, dst, fault, on_chunk):
+    """The after_chunk(done) of array ``i``'s copy of ``src`` into ``dst``: the fault hook, then
+    on_chunk."""
     if fault is None and on_chunk is None:
         return None
 
@@ -327,7 +335,7 @@ def _chunk_hook(i, dst, fault, on_chunk):
         if on_chunk is not None:
             final = dst[:done]
             final.flags.writeable = False
-            on_chunk(i, final)
+            on_chunk(i, final, src[:done])
     return after_chunk
 
 
@@ -345,10 +353,9 @@ def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chu
         file_bytes = np.frombuffer(mapping, np.uint8)
         digests = []
         for i, ((_, array), (_, offset, nbytes)) in enumerate(zip(arrays, layout)):
-            dst = file_bytes[offset:offset + nbytes]
-            digests.append(hexdigest_of(copy_and_hash(byte_view(array), dst, chunk,
-                                                      _chunk_hook(i, dst, fault, on_chunk))))
-            del dst
+            src, dst = byte_view(array), file_bytes[offset:offset + nbytes]
+            digests.append(hexdigest_of(copy_and_hash(src, dst, chunk, _chunk_hook(i, src, dst, fault, on_chunk))))
+            del src, dst
         if on_mapped is not None:
             on_mapped(file_bytes)
         del file_bytes

@@ -52,6 +52,42 @@ def block_digests(data, block):
     return out
 
 
+class BlockDigester:
+    """Local: the block digests of a data file being written (storage.write_arrays), taken from
+    each array's source bytes as soon as the copy has passed a whole block of the file that lies
+    inside that array (``chunk``, the write's on_chunk: those bytes are still in the CPU cache),
+    and from the file itself for the rest (blocks across arrays or gaps; ``finish``). The same
+    digests as block_digests of the whole file."""
+
+    def __init__(self, arrays, block):
+        layout, self.size = storage.file_layout(arrays)
+        self.offsets = [off for _, off, _ in layout]
+        self.block = block
+        self.digests = np.empty(block_count(self.size, block), np.uint64)
+        self.done = np.zeros(self.digests.size, bool)
+        self._next = [-(-off // block) for off in self.offsets]    # per array: its next whole block
+
+    def chunk(self, i, final, source):
+        off, b, end = self.offsets[i], self.block, self.offsets[i] + source.size
+        k = self._next[i]
+        digest = xxhash.xxh3_64_intdigest
+        while k < self.digests.size:
+            lo, hi = k * b, min((k + 1) * b, self.size)
+            if hi > end:
+                break
+            self.digests[k] = digest(source[lo - off:hi - off])
+            self.done[k] = True
+            k += 1
+        self._next[i] = k
+
+    def finish(self, file_bytes):
+        """The digests, those not taken during the copy hashed from the file now."""
+        b = self.block
+        for k in np.flatnonzero(~self.done):
+            self.digests[k] = xxhash.xxh3_64_intdigest(file_bytes[k * b:(k + 1) * b])
+        return self.digests
+
+
 def block_digests_reference(data, block):
     """Local, pure: the same digests from hpcckpt's NumPy XXH3 (codecs/xxh3.py), which covers
     inputs over 240 bytes; a shorter last block is left to the xxhash library there too."""

@@ -119,19 +119,28 @@ class LocalCache:
         chunks = sum(-(-a.nbytes // self.cfg.io_chunk) for _, a, _ in items)
         fault = faults.HalfWay("write", self.rank, step, max(1, chunks // 2)) if faults.active() else None
         self.block_digests = None
-        digest_blocks = self.cfg.incremental and level in REDUNDANT
+        arrays = [(n, a) for n, a, _ in items]
+        digester = None
+        if self.cfg.incremental and level in REDUNDANT:   # digested as the arrays are copied
+            from .delta import BlockDigester
+            digester = BlockDigester(arrays, self.cfg.incremental_block)
+
+        def on_chunk(i, final, source):
+            if digester is not None:
+                digester.chunk(i, final, source)
+            if pipe is not None:
+                pipe.write(i, final)
 
         def on_mapped(file_bytes):
-            if digest_blocks:     # digested while the new file is mapped
-                from .delta import block_digests
-                self.block_digests = (step, self.cfg.incremental_block,
-                                      block_digests(file_bytes, self.cfg.incremental_block))
+            if digester is not None:
+                self.block_digests = (step, self.cfg.incremental_block, digester.finish(file_bytes))
             if pipe is not None:
                 pipe.drain()
-        entries, size = storage.write_arrays(path, [(n, a) for n, a, _ in items], self.cfg.io_chunk,
-                                             self.cfg.file_mode, self.cfg.cache_fsync, reuse, fault,
-                                             self.cfg.write_method, on_mapped if digest_blocks or pipe is not None else None,
-                                             pipe.write if pipe is not None else None, self.mappings)
+        hooked = digester is not None or pipe is not None
+        entries, size = storage.write_arrays(path, arrays, self.cfg.io_chunk, self.cfg.file_mode,
+                                             self.cfg.cache_fsync, reuse, fault, self.cfg.write_method,
+                                             on_mapped if hooked else None, on_chunk if hooked else None,
+                                             self.mappings)
         table = []
         for (name, array, layout), (_, offset, nbytes, checksum) in zip(items, entries):
             table.append(mf.ArrayEntry(name, array.dtype.str, tuple(array.shape), offset, nbytes, checksum,

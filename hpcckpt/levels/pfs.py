@@ -750,9 +750,10 @@ class PendingStep:
     checksums_known: bool
     writer: "NodeWriter" = None
 
-    def write(self, i, final):
+    def write(self, i, final, source=None):
         """Local: ``final`` is a prefix of item ``i``'s bytes that will not change (the cache
-        write's on_chunk): it goes to the node file while the rest is copied."""
+        write's on_chunk; ``source``, the same bytes in the array, is not needed): it goes to
+        the node file while the rest is copied."""
         self.writer.write(i, final, early=True)
 
     def drain(self):

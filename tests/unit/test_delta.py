@@ -161,3 +161,22 @@ def test_apply_segments_round_by_round():
                 {**idx, "segment": 0}):
         with pytest.raises(CorruptCheckpointError):
             delta.check_parity_index(bad, 2, piece, "x")
+
+
+@pytest.mark.parametrize("block", [4096, 3 * 4096, 1 << 20])
+def test_block_digester_during_the_copy_equals_the_digests_of_the_file(tmp_path, block):
+    """BlockDigester takes the blocks inside one array from the source as the copy passes them,
+    the rest (across arrays and gaps) from the file: the same digests as block_digests of the
+    written file, for arrays large and small, aligned and not."""
+    from hpcckpt import storage
+    from hpcckpt.levels.delta import BlockDigester, block_digests
+    rng = np.random.default_rng(5)
+    arrays = [("a", rng.integers(0, 256, 3 * (1 << 20) + 17, dtype=np.uint8)), ("s", np.arange(7.0)),
+              ("b", rng.random(70001)), ("c", rng.integers(0, 9, 1 << 20, dtype=np.int8))]
+    d = BlockDigester(arrays, block)
+    got = {}
+    path = str(tmp_path / "f.dat")
+    storage.write_arrays(path, arrays, 4096 * 5, on_chunk=d.chunk,
+                         on_mapped=lambda file_bytes: got.setdefault("d", d.finish(file_bytes).copy()))
+    data = np.fromfile(path, np.uint8)
+    assert data.size == d.size and d.done.any() and np.array_equal(got["d"], block_digests(data, block))
