@@ -212,16 +212,18 @@ class EncodedLevel(RedundancyLevel):
         changed = plan.changed if plan.changed is not None else []
         mine = [piece_segments(changed, cfg.incremental_block, sizes[pos], q, piece, seg) for q in range(kd)]
         segs = gcomm.allgather(mine)        # per member, per data piece: its changed segments
-        # read with pread into buffers, not through maps: only a tenth of each file is read, and
-        # faulting in its pages one by one costs more than the copy
+        # the data of both steps from the mappings their writes left open (storage.Mappings), else
+        # read with pread into buffers, not through new maps: only a tenth of each file is read,
+        # and faulting in its pages one by one costs more than the copy
         ro = os.O_RDONLY | os.O_NOFOLLOW
-        fd_new = deferred.run(os.open, self.cache.data_path(step), ro)
-        fd_old = deferred.run(os.open, self.cache.data_path(base_step), ro)
+        new_bytes, old_bytes = self.cache.kept_bytes(step, sizes[pos]), self.cache.kept_bytes(base_step, sizes[pos])
+        fd_new = deferred.run(os.open, self.cache.data_path(step), ro) if new_bytes is None else None
+        fd_old = deferred.run(os.open, self.cache.data_path(base_step), ro) if old_bytes is None else None
         fd_par = deferred.run(os.open, self._paths(base_step)[0], ro)
         delta_path, index_path = self._delta_paths(step)
         deferred.run(storage.makedirs, self.cache.held_dir(step), cfg.dir_mode)
-        fd_out = deferred.run(os.open, delta_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
-                              cfg.file_mode)
+        deferred.run(self.cache.reuse_held_spare, delta_path)    # overwritten, then truncated
+        fd_out = deferred.run(os.open, delta_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, cfg.file_mode)
         deferred.run(faults.hit, "encode", self.comm.rank, step)
 
         def stripe_inputs(s):   # [(group position, data piece)] of the data symbols of stripe s
@@ -243,6 +245,22 @@ class EncodedLevel(RedundancyLevel):
                 buf.fill(0)
             elif deferred.run(read_range, fd, buf, offset) is None:
                 buf.fill(0)
+
+        def data_delta(out, lo):          # d_S xor d_B of the data bytes [lo, lo + out.size)
+            hi = lo + out.size
+            if new_bytes is not None and old_bytes is not None and deferred.error is None:
+                np.bitwise_xor(new_bytes[lo:hi], old_bytes[lo:hi], out=out)
+                return
+            if new_bytes is not None and deferred.error is None:
+                out[:] = new_bytes[lo:hi]
+            else:
+                read_into(fd_new, out, lo)
+            old = scratch[:out.size]
+            if old_bytes is not None and deferred.error is None:
+                old[:] = old_bytes[lo:hi]
+            else:
+                read_into(fd_old, old, lo)
+            np.bitwise_xor(out, old, out=out)
 
         # Rounds: round i moves the i-th changed segment of every stripe. Rounds go in waves of
         # up to WAVE_BYTES of buffers: all the messages of a wave are posted at once (fewer
@@ -273,9 +291,7 @@ class EncodedLevel(RedundancyLevel):
                         lo = q * piece + t * seg
                         v = max(0, min(n, sizes[pos] - lo))
                         buf[v:] = 0
-                        read_into(fd_new, buf[:v], lo)
-                        read_into(fd_old, scratch[:v], lo)
-                        np.bitwise_xor(buf[:v], scratch[:v], out=buf[:v])
+                        data_delta(buf[:v], lo)
                         for j in range(m):
                             sends.append(gcomm.Isend(buf, dest=stripe_symbol_owner(k, s, j), tag=TAG_DELTA + s * m + j))
                             self.sent += n
@@ -305,6 +321,7 @@ class EncodedLevel(RedundancyLevel):
         for fd in (fd_new, fd_old, fd_par):
             if fd is not None:
                 os.close(fd)
+        del new_bytes, old_bytes
         deferred.run(storage.atomic_write_json, index_path,
                      delta_info(base_step, plan.base[1], cfg.incremental_block, m * piece, [],
                                 segment=seg, piece=piece, parity=m, segments=index),

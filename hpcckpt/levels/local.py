@@ -43,8 +43,9 @@ class LocalCache:
         self.placement = mf.placement_digest(topo.node_of)
         self.root = os.path.join(expand_cache_dir(cfg, topo.node), cfg.name)
         self._buffer = None
-        # the mappings of the data files in rotation (reuse_files: the kept steps and the spare)
-        self.mappings = storage.Mappings(cfg.keep + 2) if cfg.reuse_files else None
+        # the mappings of the data files in rotation (reuse_files: the kept steps and the spare;
+        # with incremental also the base of the incremental steps, read by the xor/rs delta)
+        self.mappings = storage.Mappings(cfg.keep + 2 + bool(cfg.incremental)) if cfg.reuse_files else None
         self.block_digests = None    # (step, block, digests) of the last write (incremental, levels/delta.py)
 
     # ------------------------------------------------------------------ paths
@@ -218,6 +219,26 @@ class LocalCache:
                 return None
             raise
 
+    def kept_bytes(self, step, size):
+        """Local: a read-only uint8 view of the whole data file of ``step`` (``size`` bytes) from
+        the mapping its write left open (storage.Mappings), or None when none is kept: then read
+        the file (a fresh mapping would fault its pages in one by one)."""
+        if self.mappings is None or not size:
+            return None
+        try:
+            fd = storage.open_checked(self.data_path(step), size)
+        except (CorruptCheckpointError, OSError):
+            return None
+        try:
+            kept = self.mappings.find(fd, size)
+        finally:
+            os.close(fd)
+        if kept is None:
+            return None
+        whole = np.frombuffer(kept, np.uint8)
+        whole.flags.writeable = False
+        return whole
+
     def mapped_arrays(self, manifest):
         """Read-only views of the arrays of a committed step, memory-mapped from its data file:
         (name, array, global_shape, global_offset) as the pfs level takes them (no copy). The
@@ -275,7 +296,8 @@ class LocalCache:
     def retire(self, step):
         """Delete this rank's part of ``step``: manifest first (uncommit), then the data.
 
-        With ``reuse_files`` the data file becomes the spare that the next checkpoint overwrites.
+        With ``reuse_files`` the data file becomes the spare that the next checkpoint overwrites,
+        and so do the held copies, parity and deltas (reuse_held_spare).
         """
         self.uncommit(step)
         self._keep_as_spare(self.data_path(step), self.spare_path)
@@ -284,7 +306,7 @@ class LocalCache:
         if os.path.isdir(held) and not os.path.islink(held):
             for name in os.listdir(held):
                 path = os.path.join(held, name)
-                if not (name.endswith(".dat") and self._keep_as_spare(path, self.held_spare_path(name))):
+                if not (name.endswith((".dat", ".delta")) and self._keep_as_spare(path, self.held_spare_path(name))):
                     storage.remove_file(path)
             storage.remove_dir_if_empty(held)
         prefix = f"rank_{self.rank:06d}."

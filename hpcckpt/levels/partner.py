@@ -95,9 +95,7 @@ class PartnerLevel(RedundancyLevel):
             def make(meta):
                 faults.hit("encode", self.comm.rank, step)   # test hook: kill/ENOSPC while storing copies
                 storage.makedirs(self.cache.held_dir(step), cfg.dir_mode)
-                if incremental:
-                    return self._delta_paths(step, src)[0]
-                path = self._copy_paths(step, src)[0]
+                path = self._delta_paths(step, src)[0] if incremental else self._copy_paths(step, src)[0]
                 self.cache.reuse_held_spare(path)
                 return path
             return make

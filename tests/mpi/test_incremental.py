@@ -57,14 +57,17 @@ def held(cache, node, step, name):
     return os.path.join(cache, f"node{node}", "app", f"step_{step:010d}", f"held_{node:06d}", name)
 
 
-CASES = [("partner", 0.0, False), ("partner", 0.1, False), ("partner", 1.0, False), ("partner", 0.1, True),
-         ("xor", 0.1, False), ("xor", 0.1, True), ("rs", 0.1, False)]
+CASES = [("partner", 0.0, False, True), ("partner", 0.1, False, True), ("partner", 1.0, False, True),
+         ("partner", 0.1, True, True), ("xor", 0.1, False, True), ("xor", 0.1, True, True), ("rs", 0.1, False, True),
+         ("xor", 0.1, False, False)]
 
 
-@pytest.mark.parametrize("level,frac,background", CASES)
-def test_chain_then_node_lost(level, frac, background, tmp_path):
+@pytest.mark.parametrize("level,frac,background,reuse", CASES)
+def test_chain_then_node_lost(level, frac, background, reuse, tmp_path):
+    """``reuse``: reuse_files; the xor/rs delta reads the changed blocks from the data files'
+    kept mappings (with it) or with pread (without); step 3's delta overwrites step 2's (with it)."""
     cache = str(tmp_path / "cache")
-    app(cache, level, "--ckpts", "1,2,3", "--frac", frac, config={"background": background})
+    app(cache, level, "--ckpts", "1,2,3", "--frac", frac, config={"background": background, "reuse_files": reuse})
     incremental = frac <= 0.5
     for node in range(NPROCS):
         base = manifest(cache, node, 3).get("base")
@@ -93,7 +96,7 @@ def test_chain_then_node_lost(level, frac, background, tmp_path):
                          timeout=60, stdin=subprocess.DEVNULL)
     assert res.returncode == 0 and "DAMAGED" not in res.stdout, res.stdout + res.stderr
     shutil.rmtree(os.path.join(cache, "node2"))
-    res = app(cache, level, "--ckpts", "1,2,3", "--frac", frac, "--restart")
+    res = app(cache, level, "--ckpts", "1,2,3", "--frac", frac, "--restart", config={"reuse_files": reuse})
     assert restarted(res) == (3, "ok"), str(res)
 
 
