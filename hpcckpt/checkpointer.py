@@ -427,7 +427,7 @@ class Checkpointer:
                    or spec.flush and (self.config.async_flush or self.config.background)) and _threads_ok()
         later_redundancy = spec.redundant and self.config.background and threads
         # a sync pfs step with pfs_direct_io: the pfs files are laid out first, filled while the cache copy is made
-        early_flush = spec.flush and not threads and self.config.pfs_direct_io and self.config.write_method == "mmap"
+        early_flush = spec.flush and not threads and self.config.direct_io and self.config.write_method == "mmap"
         pending = None
         try:
             manifest, nbytes, seconds, pending = self._write_and_commit(step, level, ckpt_id, state, t0,

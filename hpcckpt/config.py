@@ -62,7 +62,8 @@ class Config:
     incremental_block: int = 1 << 20    # bytes per block compared between checkpoints (incremental)
     incremental_full_every: int = 8     # a full redundant checkpoint after this many incremental ones
     incremental_max_changed: float = 0.5  # a full one when a rank changed more than this fraction of its blocks
-    pfs_direct_io: bool = False         # pfs: write large arrays with O_DIRECT, laid out before the cache write
+    pfs_direct_io: Any = "auto"         # pfs: write large arrays with O_DIRECT, laid out before the cache write;
+                                        # "auto": when reuse_files is off (new files at every step)
     write_method: str = "mmap"          # local data files: "mmap" (copy+checksum in one pass) or "pwrite"
     reuse_files: bool = True            # overwrite retired files instead of creating new ones
     cache_fsync: bool = False           # fsync node-local data files (not needed on tmpfs)
@@ -90,6 +91,13 @@ class Config:
         if not values.get("cache_dir"):
             values["cache_dir"] = default_cache_dir(environ)
         return cls(**{k: _parse_value(k, v) for k, v in values.items()})._validated()
+
+    @property
+    def direct_io(self):
+        """pfs_direct_io resolved: "auto" is on without reuse_files (a new pfs file at every step,
+        where direct I/O and the early layout measured faster) and off with it (overwriting the
+        spares through the page cache measured faster)."""
+        return self.pfs_direct_io is True or (self.pfs_direct_io == "auto" and not self.reuse_files)
 
     def as_dict(self):
         """The fields as a plain dict."""
@@ -140,8 +148,8 @@ class Config:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _INT_KEYS = ("group_size", "rs_parity", "keep", "incremental_full_every")
-_BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush", "background", "abort_on_error", "incremental",
-              "pfs_direct_io")
+_BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush", "background", "abort_on_error", "incremental")
+_AUTO_BOOL_KEYS = ("pfs_direct_io",)      # "auto", true or false
 _STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "write_method", "log_level", "start")
 _TABLE_KEYS = ("schedule", "level_mtbf")
 
@@ -232,13 +240,16 @@ def _env_text(key, text, var):
             k, v = (s.strip() for s in item.split("=", 1))
             table[k] = int(v) if v.isdigit() else v
         return table
-    if key in _BOOL_KEYS:
+    if key in _AUTO_BOOL_KEYS and text.lower() == "auto":
+        return "auto"
+    if key in _BOOL_KEYS + _AUTO_BOOL_KEYS:
         low = text.lower()
         if low in ("1", "true", "yes", "on"):
             return True
         if low in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"{var}: expected true or false, got {text!r}")
+        raise ConfigError(f"{var}: expected true or false{' or auto' if key in _AUTO_BOOL_KEYS else ''}, "
+                          f"got {text!r}")
     if key in _INT_KEYS:
         try:
             return int(text)
@@ -279,6 +290,10 @@ def _parse_value(key, value):
     if key in _BOOL_KEYS:
         if not isinstance(value, bool):
             raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if key in _AUTO_BOOL_KEYS:
+        if not isinstance(value, bool) and value != "auto":
+            raise ConfigError(f"{key} must be true, false or 'auto', got {value!r}")
         return value
     if key == "ranks_per_node":
         if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)):

@@ -347,8 +347,12 @@ def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chu
     # overwritten file has them all already (and fallocate would walk its pages for nothing).
     if os.fstat(fd).st_blocks * 512 < size:
         os.posix_fallocate(fd, 0, size)
+    # MAP_POPULATE maps every page up front, which costs about what faulting them in during the
+    # copy does; with on_chunk (the sync pfs flush writes each chunk as it is copied) the pages
+    # are faulted in as copied instead, so the first chunk is handed over without waiting for all
+    populate = mmap.MAP_POPULATE if on_chunk is None else 0
     mapping = mappings.get(fd, size) if mappings is not None else \
-        mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        mmap.mmap(fd, size, flags=mmap.MAP_SHARED | populate)
     try:
         file_bytes = np.frombuffer(mapping, np.uint8)
         digests = []

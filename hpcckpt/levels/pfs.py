@@ -219,7 +219,7 @@ class PfsStore:
             fault = faults.HalfWay("pfs-write", self.rank, step, max(1, pieces // 2)) if faults.active() else None
             targets = {i: (offsets[(self.rank, it.name)], it.array.nbytes) for i, it in enumerate(items)
                        if (self.rank, it.name) in offsets}
-            pending.writer = NodeWriter(path, targets, piece, self.cfg.pfs_direct_io, fault)
+            pending.writer = NodeWriter(path, targets, piece, self.cfg.direct_io, fault)
         except HpcCkptError:
             self.abandon(pending)
             raise

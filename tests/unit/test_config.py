@@ -42,6 +42,19 @@ def test_environment_values_are_typed():
     assert cfg.write_method == "pwrite" and Config.load(environ={}).write_method == "mmap"
 
 
+def test_pfs_direct_io_auto_follows_reuse_files():
+    assert Config.load(environ={}).pfs_direct_io == "auto"
+    assert Config.load(environ={}).direct_io is False                       # reuse_files: overwrite spares
+    assert Config.load(environ={}, reuse_files=False).direct_io is True     # new files at every step
+    assert Config.load(environ={"HPCCKPT_PFS_DIRECT_IO": "on"}).direct_io is True
+    assert Config.load(environ={"HPCCKPT_PFS_DIRECT_IO": "Auto", "HPCCKPT_REUSE_FILES": "0"}).direct_io is True
+    assert Config.load(environ={}, reuse_files=False, pfs_direct_io=False).direct_io is False
+    with pytest.raises(ConfigError, match="pfs_direct_io must be true, false or 'auto', got 'yes'"):
+        Config.load(environ={}, pfs_direct_io="yes")
+    with pytest.raises(ConfigError, match="HPCCKPT_PFS_DIRECT_IO: expected true or false or auto"):
+        Config.load(environ={"HPCCKPT_PFS_DIRECT_IO": "sometimes"})
+
+
 @pytest.mark.parametrize("env,needle", [
     ({"HPCCKPT_KEEP": "two"}, "HPCCKPT_KEEP: expected an integer"),
     ({"HPCCKPT_REUSE_FILES": "maybe"}, "expected true or false"),
