@@ -1,14 +1,19 @@
 """Files and directories: atomic writes, safe paths, chunked hashed array I/O (all local)."""
+import concurrent.futures
 import errno
 import json
+import logging
 import mmap
 import os
+import shutil
 
 import numpy as np
 
 from .codecs.checksum import hexdigest_of, new_hasher
 from .codecs.xxh3 import copy_and_hash
 from .errors import CorruptCheckpointError
+
+log = logging.getLogger("hpcckpt")
 
 MAX_JSON_BYTES = 16 << 20  # a manifest larger than this is refused before parsing
 # write_method "pwrite" and verify_file hash data right after writing (or reading) it in pieces
@@ -131,6 +136,60 @@ def remove_dir_if_empty(path):
     except OSError as e:
         if e.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST):
             raise
+
+
+class Deleter:
+    """Local: removes files and trees in one background thread (no MPI); ``wait()`` blocks until
+    what was submitted is done. Failures are logged, never raised: what remains is removed by a
+    later retire."""
+
+    def __init__(self, thread_name):
+        self._pool, self._pending, self._name = None, [], thread_name
+
+    def remove(self, path, keep=None, spare=None):
+        """Remove ``path`` (a file, or a tree; with ``keep``, a regular expression, the files
+        whose names match stay, and so does the directory if they do). ``spare``: a file path
+        ``path`` (a regular file) is moved to instead, if nothing is there yet."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=self._name)
+        self._pending.append(self._pool.submit(remove_path, path, keep, spare))
+
+    def wait(self):
+        for f in self._pending:
+            f.result()
+        self._pending = []
+
+
+def remove_path(path, keep=None, spare=None):
+    """Local: Deleter.remove's work, done now (failures logged)."""
+    try:
+        if spare is not None and os.path.isfile(path) and not os.path.islink(path) and not os.path.lexists(spare):
+            os.replace(path, spare)
+            return
+        if os.path.isdir(path) and not os.path.islink(path):
+            if keep is None:
+                remove_tree(path)
+                return
+            for name in os.listdir(path):
+                if not keep.fullmatch(name):
+                    remove_path(os.path.join(path, name))
+            remove_dir_if_empty(path)    # other nodes' files still there: their aggregators remove them
+        else:
+            remove_file(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning("could not remove %s: %s", path, e)
+
+
+def remove_tree(path):
+    """Local: shutil.rmtree; missing is fine, other failures are logged (a later retire retries)."""
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning("could not remove %s: %s", path, e)
 
 
 def byte_view(array):

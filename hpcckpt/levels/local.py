@@ -1,7 +1,8 @@
 """The node-local level: one data file and one manifest per rank per step in the node's cache.
 
 Layout (docs/FORMAT.md): ``<cache_dir>/<name>/step_<S>/rank_<R>.dat`` and ``rank_<R>.json``;
-``<cache_dir>/<name>/spare/rank_<R>.dat`` holds a retired data file kept for overwriting. All
+``<cache_dir>/<name>/spare/rank_<R>.dat`` holds a retired data file kept for overwriting, and
+``spare/trash_<R>_*`` retired files not kept, until a background thread has unlinked them. All
 methods are local: the Checkpointer runs the agreement between ranks.
 """
 import dataclasses
@@ -9,6 +10,7 @@ import logging
 import mmap
 import os
 import time
+import uuid
 
 import numpy as np
 
@@ -47,6 +49,7 @@ class LocalCache:
         # with incremental also the base of the incremental steps, read by the xor/rs delta)
         self.mappings = storage.Mappings(cfg.keep + 2 + bool(cfg.incremental)) if cfg.reuse_files else None
         self.block_digests = None    # (step, block, digests) of the last write (incremental, levels/delta.py)
+        self._deleter = storage.Deleter("hpcckpt-cache-remove")   # unlinks retired large files (_discard)
 
     # ------------------------------------------------------------------ paths
     def step_dir(self, step):
@@ -89,9 +92,30 @@ class LocalCache:
         os.replace(path, spare)
         return True
 
+    def _discard(self, path):
+        """Move retired file ``path`` into ``spare/`` under a name of its own and unlink it there in
+        a background thread: freeing a large file's pages on tmpfs takes milliseconds that the
+        checkpoint need not wait for. A crash leaves it to prepare()."""
+        trash = os.path.join(self.root, "spare", f"trash_{self.rank:06d}_{uuid.uuid4().hex[:12]}")
+        try:
+            storage.makedirs(os.path.dirname(trash), self.cfg.dir_mode)
+            os.replace(path, trash)
+        except FileNotFoundError:
+            return
+        except OSError:
+            storage.remove_file(path)
+            return
+        self._deleter.remove(trash)
+
     def prepare(self):
-        """Create the cache directory (local)."""
+        """Create the cache directory (local); remove this rank's trash that a crash left."""
         storage.makedirs(self.root, self.cfg.dir_mode)
+        spare = os.path.join(self.root, "spare")
+        prefix = f"trash_{self.rank:06d}_"
+        if os.path.isdir(spare) and not os.path.islink(spare):
+            for name in os.listdir(spare):
+                if name.startswith(prefix):
+                    storage.remove_file(os.path.join(spare, name))
 
     # ------------------------------------------------------------------ save
     def write(self, step, ckpt_id, level, epoch, items, pipe=None):
@@ -152,9 +176,10 @@ class LocalCache:
                                epoch=epoch, placement=self.placement)
 
     def close(self):
-        """Local: drop the kept mappings (storage.Mappings)."""
+        """Local: drop the kept mappings (storage.Mappings); wait for the background unlinks."""
         if self.mappings is not None:
             self.mappings.close()
+        self._deleter.wait()
 
     def commit(self, manifest):
         """Write the manifest atomically: from now on this rank's part of the step exists."""
@@ -300,14 +325,18 @@ class LocalCache:
         and so do the held copies, parity and deltas (reuse_held_spare).
         """
         self.uncommit(step)
-        self._keep_as_spare(self.data_path(step), self.spare_path)
+        data = self.data_path(step)
+        if not self._keep_as_spare(data, self.spare_path) and os.path.isfile(data) and not os.path.islink(data):
+            self._discard(data)
         faults.hit("retire", self.rank, step)
         held = self.held_dir(step)
         if os.path.isdir(held) and not os.path.islink(held):
             for name in os.listdir(held):
                 path = os.path.join(held, name)
-                if not (name.endswith((".dat", ".delta")) and self._keep_as_spare(path, self.held_spare_path(name))):
+                if not name.endswith((".dat", ".delta")):
                     storage.remove_file(path)
+                elif not self._keep_as_spare(path, self.held_spare_path(name)):
+                    self._discard(path)
             storage.remove_dir_if_empty(held)
         prefix = f"rank_{self.rank:06d}."
         try:

@@ -40,7 +40,6 @@ HDF5 library on the write path (h5py lays out the files, ``os.pwrite`` fills the
 is collective over the store's own duplicate of the communicator given (so it may run in a
 background thread while the application computes).
 """
-import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -132,7 +131,7 @@ class PfsStore:
         self.chunk = int(cfg.io_chunk)
         self.max_index = max_index_bytes(self.size)
         self.trash = os.path.join(self.root, TRASH)
-        self._deleter = _Deleter()
+        self._deleter = storage.Deleter("hpcckpt-pfs-remove")
         with Collective(self.comm, f"creating {self.root}"):
             if self.rank == 0:
                 try:
@@ -150,8 +149,8 @@ class PfsStore:
                 storage.remove_file(self._spare_path())
             self.comm.Barrier()                 # every node's removals are done: .trash is empty
             if self.rank == 0:
-                _remove_tree(self.trash)
-                _remove_tree(os.path.join(self.root, SPARE))
+                storage.remove_tree(self.trash)
+                storage.remove_tree(os.path.join(self.root, SPARE))
             self.node_comm.Free()
             self.comm.Free()
             self.comm = self.node_comm = None
@@ -736,7 +735,7 @@ class PfsStore:
         return trashed
 
     def _remove_tree(self, path):
-        _remove_tree(path)
+        storage.remove_tree(path)
 
 
 @dataclasses.dataclass
@@ -839,49 +838,6 @@ def _with_checksums(index, sums):
     return dataclasses.replace(index, arrays=tuple(arrays))
 
 
-class _Deleter:
-    """Local: removes files and trees in one background thread (no MPI); ``wait()`` blocks until
-    what was submitted is done. Failures are logged, never raised: what remains is removed by a
-    later retire."""
-
-    def __init__(self):
-        self._pool, self._pending = None, []
-
-    def remove(self, path, keep=None, spare=None):
-        """Remove ``path`` (a file, or a tree; with ``keep``, a regular expression, the files
-        whose names match stay, and so does the directory if they do). ``spare``: a file path
-        ``path`` (a regular file) is moved to instead, if nothing is there yet."""
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hpcckpt-pfs-remove")
-        self._pending.append(self._pool.submit(_remove_path, path, keep, spare))
-
-    def wait(self):
-        for f in self._pending:
-            f.result()
-        self._pending = []
-
-
-def _remove_path(path, keep=None, spare=None):
-    try:
-        if spare is not None and os.path.isfile(path) and not os.path.islink(path) and not os.path.lexists(spare):
-            os.replace(path, spare)
-            return
-        if os.path.isdir(path) and not os.path.islink(path):
-            if keep is None:
-                _remove_tree(path)
-                return
-            for name in os.listdir(path):
-                if not keep.fullmatch(name):
-                    _remove_path(os.path.join(path, name))
-            storage.remove_dir_if_empty(path)    # other nodes' files still there: their aggregators remove them
-        else:
-            storage.remove_file(path)
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        log.warning("could not remove %s: %s", path, e)
-
-
 def remove_step_dir(path):
     """Local: uncommit a step directory (its marker first), then remove it; a planted link is
     removed itself, never what it points at."""
@@ -889,16 +845,7 @@ def remove_step_dir(path):
         storage.remove_file(path)
         return
     storage.remove_file(os.path.join(path, MARKER))
-    _remove_tree(path)
-
-
-def _remove_tree(path):
-    try:
-        shutil.rmtree(path)
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        log.warning("could not remove %s: %s", path, e)
+    storage.remove_tree(path)
 
 
 def _committed(root):

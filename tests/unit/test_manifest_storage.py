@@ -217,3 +217,34 @@ def test_kept_mappings_are_reused_resized_dropped_and_closed(tmp_path):
         os.close(fd)
     maps.close()
     assert len(os.listdir("/proc/self/fd")) == before and open(c, "rb").read() == data[3].tobytes()
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_retire_unlinks_what_it_does_not_keep_in_the_background(tmp_path, reuse):
+    """LocalCache.retire: the data file becomes the spare (reuse_files) or goes to spare/trash_*
+    and is unlinked by a background thread (close() waits for it); prepare() removes the trash
+    a crash left, this rank's only."""
+    from hpcckpt.config import Config
+    from hpcckpt.levels.local import LocalCache
+    from hpcckpt.state import PER_RANK
+    from hpcckpt.topology import Topology
+    cfg = Config.load(environ={}, name="app", cache_dir=str(tmp_path / "node{node}"), pfs_dir=str(tmp_path / "pfs"),
+                      reuse_files=reuse)
+    cache = LocalCache(cfg, Topology(0, 2, (0, 0)))
+    cache.prepare()
+    for step in (1, 2):
+        m = cache.write(step, "c" * 32, "local", 1, [("u", np.arange(100000, dtype=np.float64), PER_RANK)])
+        cache.commit(m)
+    cache.retire(1)
+    assert not os.path.exists(cache.step_dir(1))
+    spare_dir = os.path.join(cache.root, "spare")
+    cache.close()
+    names = sorted(os.listdir(spare_dir)) if os.path.isdir(spare_dir) else []
+    assert names == (["rank_000000.dat"] if reuse else [])
+    assert cache.read_manifest(2).step == 2
+    # trash left by a crash: this rank's is removed at prepare(), another rank's stays
+    os.makedirs(spare_dir, exist_ok=True)
+    for name in ("trash_000000_dead", "trash_000001_dead"):
+        open(os.path.join(spare_dir, name), "wb").close()
+    cache.prepare()
+    assert "trash_000000_dead" not in os.listdir(spare_dir) and "trash_000001_dead" in os.listdir(spare_dir)
