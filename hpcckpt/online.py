@@ -155,8 +155,8 @@ class _Loop:
         self.me = comm.rank                     # this process's rank in the original communicator
         self.nworkers = comm.size - spares
         self.logical = self.me if self.me < self.nworkers else -1     # worker number, -1: a spare
-        self.workers = self._split(self.world)
-        self.node_map = self._original_node_map()
+        self.workers = MPI.COMM_NULL
+        self.node_map = None
         self.worker_world_ranks = set(range(self.nworkers))     # in the world: the workers, in order
         self.ckpt = None
         self.state = None
@@ -164,6 +164,7 @@ class _Loop:
         self.recoveries = []
         self.cause = None                       # what started the recovery in progress (text)
         self.pending = None                     # the Recovery in progress (its seconds: the detection time)
+        self._setup()
 
     # ------------------------------------------------------------------ the roles
     def run(self):
@@ -196,7 +197,45 @@ class _Loop:
             w.Set_errhandler(MPI.ERRORS_RETURN)
         return w
 
-    def _original_node_map(self):
+    def _setup(self):
+        """Collective over the world (spares included): the worker communicator and the node map,
+        then an agreement (ULFM's: a process lost before it contributed is seen by every process
+        alike), so that every process knows that every other one finished the setup. When a
+        process was lost during it, the survivors recover as from any failure (spares take the
+        lost worker numbers; a loss of spares only is not counted as a recovery) and set up again."""
+        MPI = self.MPI
+        t0 = time.perf_counter()
+        first = True
+        while True:
+            deadline = time.monotonic() + self.timeout
+            ok = 1
+            try:
+                if first:                           # after a recovery: split by _recover
+                    self.workers = self._split(self.world)
+                self.node_map = self._node_map()
+                faults.hit("setup", self.me)        # tests: a process dies before the setup's agreement
+            except MPI.Exception as e:
+                if not _recoverable(e):
+                    raise
+                self.cause, ok = _short(e), 0
+            flag = np.array([ok], np.int32)
+            try:
+                self._bounded(lambda: (None, self.world.Iagree(flag)), deadline, "setting up (agreement)")
+                ok = int(flag[0])
+            except MPI.Exception as e:
+                if not _recoverable(e):
+                    raise
+                self.cause, ok = self.cause or _short(e), 0
+            if ok:
+                return
+            log.warning("a process failure while the online job was setting up (world rank %d: %s); "
+                        "recovering", self.me, self.cause)
+            self.node_map, first = None, False
+            self._recover(t0)
+            if not self.pending.lost:               # spares only: nothing for the workers to redo
+                self.pending = None
+
+    def _node_map(self):
         """Collective over the world (spares included): the workers' rank -> node map as
         ``ranks_per_node = "auto"`` detects it at the start, pinned for the whole job. Every
         Checkpointer of the job gets it (``_node_map``): after a recovery a spare stands in for
@@ -205,7 +244,10 @@ class _Loop:
         ranks_per_node the Checkpointer ignores it."""
         from .topology import Topology, renumbered
         world_map = Topology.build(self.world, "auto").node_of
-        return renumbered(world_map[:self.nworkers])
+        numbers = np.empty(self.world.size, np.int64)         # the worker number of each world rank
+        self.world.Allgather(np.array([self.logical], np.int64), numbers)
+        node_of_number = {int(n): world_map[r] for r, n in enumerate(numbers) if n >= 0}
+        return renumbered([node_of_number[n] for n in range(self.nworkers)])
 
     def _work(self, fresh):
         """Collective over the workers: (re)open the Checkpointer, restart, run the steps."""
@@ -342,10 +384,13 @@ class _Loop:
         self.world, self.workers, self.committed = world, workers, committed
         self.worker_world_ranks = {i for i, (lg, me, _) in enumerate(table) if lg >= 0 or int(me) in assign}
         self.pending = Recovery(tuple(sorted(assign.values())), tuple(sorted(assign)), None, t0, attempts)
-        if self.logical == 0:
+        if self.logical == 0 and self.pending.lost:
             log.warning("online recovery: worker rank(s) %s lost, taken by spare(s) %s (world ranks); %d spare(s) "
                         "left; %d attempt(s); restarting from the newest checkpoint", list(self.pending.lost),
                         list(self.pending.replaced_by), self._spares_left(), attempts)
+        elif self.logical == 0:
+            log.warning("online recovery: only spare processes were lost; %d spare(s) left; %d attempt(s)",
+                        self._spares_left(), attempts)
 
     def _decide(self, table):
         return decide(table, self.nworkers, self.world_size_before, self.cause)

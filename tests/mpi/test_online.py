@@ -128,6 +128,25 @@ def test_a_spare_dies_while_waiting(tmp_path, reference):
 
 
 @needs_ulfm
+def test_a_spare_dies_while_the_job_sets_up(tmp_path, reference):
+    # spare 5 dies inside online.run's setup (before its agreement): every process sees it, the
+    # survivors shrink the world and set up again without it (not counted as a recovery); then
+    # rank 1 is killed: spare 4 takes it
+    recs, res = recovered(tmp_path, reference, 2, "--kill", "1:12", env={"_HPCCKPT_FAULT": "setup:5"})
+    assert recs[0]["lost"] == [1] and recs[0]["by"] == [4] and recs[0]["from"] == 9
+    assert "while the online job was setting up" in res.stderr, str(res)
+    assert "only spare processes were lost" in res.stderr, str(res)
+
+
+@needs_ulfm
+def test_a_worker_dies_while_the_job_sets_up(tmp_path, reference):
+    # worker 2 dies inside the setup, before any checkpoint: the spare takes its number and the
+    # job starts from the beginning (nothing to restart from), with the same final field
+    recs, _ = recovered(tmp_path, reference, 1, env={"_HPCCKPT_FAULT": "setup:2"})
+    assert recs[0]["lost"] == [2] and recs[0]["by"] == [4] and recs[0]["from"] is None
+
+
+@needs_ulfm
 def test_more_failures_than_spares_ends_with_a_clear_error(tmp_path):
     res, out = job(str(tmp_path), 1, "--kill", "1:12,2:12")
     assert res.returncode != 0, str(res)
