@@ -136,7 +136,7 @@ def _words_chunk(out_addrs, in_addrs, coeffs, bc, simple, off, L):
                 j += 4
 
 
-@njit(cache=True, boundscheck=False)
+@njit(cache=True, nogil=True, boundscheck=False)
 def _gf_kernel(out_addrs, in_addrs, coeffs, bc, simple, table, start, stop, words):
     """outs[j][start:stop] ^= XOR_i coeffs[j, i] * ins[i][start:stop] (addresses of uint8
     buffers). words: all buffers 8-byte aligned and start % 8 == 0."""
@@ -162,7 +162,7 @@ def _gf_kernel(out_addrs, in_addrs, coeffs, bc, simple, table, start, stop, word
                     o[w] ^= row[d[w]]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _gf_kernel_parallel(out_addrs, in_addrs, coeffs, bc, simple, table, nbytes, words, nparts):
     """_gf_kernel split into nparts contiguous byte ranges run on Numba's thread pool."""
     for t in prange(nparts):

@@ -98,7 +98,7 @@ def _xor_fold(o, ins, L, first):
         i += cnt
 
 
-@njit(cache=True, boundscheck=False)
+@njit(cache=True, nogil=True, boundscheck=False)
 def _xor_kernel(out_addr, in_addrs, nbytes, words, first):
     """out = XOR(inputs) (or out ^= XOR(inputs) when not ``first``) over nbytes bytes.
 

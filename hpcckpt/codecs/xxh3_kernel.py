@@ -110,4 +110,4 @@ def compiled_kernel():
     writable = types.Array(types.uint64, 1, "C")
     readonly = types.Array(types.uint64, 1, "C", readonly=True)
     signatures = [types.void(src, writable, writable, readonly) for src in (writable, readonly)]
-    return numba.njit(signatures, cache=True, boundscheck=False)(copy_accumulate_blocks)
+    return numba.njit(signatures, cache=True, boundscheck=False, nogil=True)(copy_accumulate_blocks)
