@@ -23,11 +23,14 @@ rank r's node cache, or is rebuilt from partner copies / parity when that node i
 spare runs on another host; the pfs only when no cheaper level has it), and the loop resumes at
 the next step. The rank -> node map is the one detected at the start, pinned for the whole job
 (a spare stands in for the node of the rank it replaces; docs/ONLINE.md). An agreement (ULFM
-``Agree``) confirms each recovery; a failure during one starts it again.
+``Agree``) confirms each recovery; a failure during one starts it again. The setup (worker
+communicator, node map) ends with an agreement too: a process lost before it is recovered from
+like any other (spares take lost worker numbers; the job starts at step 0).
 
-Every wait is bounded: the shrink, the allgather and the agreement of a recovery are polled
-until ``recovery_timeout``; spares poll their receive. When the failures outnumber the spares,
-every survivor raises OnlineRecoveryError (nothing is restored: never wrong data).
+Every wait is bounded: the shrink, the allgather and the agreement of a recovery, and the
+setup's agreement, are polled until ``recovery_timeout``; spares poll their receive. When the
+failures outnumber the spares, every survivor raises OnlineRecoveryError (nothing is restored:
+never wrong data).
 
 Needs an MPI with ULFM: Open MPI 5 launched with ``mpirun --with-ft ulfm --mca pml ob1 --mca btl
 tcp,self`` (``hpcckpt.mpi_launch``: ``command(n, argv, fault_tolerant=True)``); anything else is
