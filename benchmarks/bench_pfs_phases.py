@@ -21,7 +21,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import MiB, command, measure_limits, median, parser, result_line, run_mpi, say, scratch, world, write_json  # noqa: E402
+from common import (MiB, command, measure_limits, median, parser, result_line, run_mpi, say, scratch, summarize,  # noqa: E402
+                    world, write_json)
 
 # (module path, object, attribute, phase name): what is timed
 PHASES = (
@@ -105,7 +106,7 @@ def worker(a):
 
 
 def analyse(raw, ranks, size):
-    out = {"limits_mib_s": {k: ranks * size / median(v) for k, v in raw["limits"].items() if v}, "modes": {}}
+    out = {"limits_mib_s": summarize(raw["limits"], ranks * size)["mib_s"], "modes": {}}
     for tag, m in raw["modes"].items():
         names = sorted({n for r in m["ranks"] for n in r["phases_s"]})
         out["modes"][tag] = {

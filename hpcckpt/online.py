@@ -160,7 +160,7 @@ class _Loop:
         self.logical = self.me if self.me < self.nworkers else -1     # worker number, -1: a spare
         self.workers = MPI.COMM_NULL
         self.node_map = None
-        self.worker_world_ranks = set(range(self.nworkers))     # in the world: the workers, in order
+        self.numbers = [n if n < self.nworkers else -1 for n in range(comm.size)]   # world rank -> worker number
         self.ckpt = None
         self.state = None
         self.committed = False                  # this run has committed or restored a checkpoint
@@ -247,9 +247,7 @@ class _Loop:
         ranks_per_node the Checkpointer ignores it."""
         from .topology import Topology, renumbered
         world_map = Topology.build(self.world, "auto").node_of
-        numbers = np.empty(self.world.size, np.int64)         # the worker number of each world rank
-        self.world.Allgather(np.array([self.logical], np.int64), numbers)
-        node_of_number = {int(n): world_map[r] for r, n in enumerate(numbers) if n >= 0}
+        node_of_number = {n: world_map[r] for r, n in enumerate(self.numbers) if n >= 0}
         return renumbered([node_of_number[n] for n in range(self.nworkers)])
 
     def _work(self, fresh):
@@ -286,7 +284,7 @@ class _Loop:
         self.workers.Barrier()
         if self.logical == 0:
             for r in range(self.world.size):
-                if r not in self.worker_world_ranks:
+                if self.numbers[r] < 0:
                     try:
                         self.world.Send(np.zeros(1, np.int64), dest=r, tag=TAG_DONE)
                     except self.MPI.Exception as e:
@@ -320,7 +318,7 @@ class _Loop:
             ranks = self.MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), self.world.Get_group())
         finally:
             failed.Free()
-        return bool(ranks) and not set(ranks) & self.worker_world_ranks
+        return bool(ranks) and all(self.numbers[r] < 0 for r in ranks)
 
     def _spares_left(self):
         return self.world.size - self.nworkers if self.world != self.MPI.COMM_NULL else 0
@@ -385,7 +383,7 @@ class _Loop:
         if self.logical < 0:
             self.logical = assign.get(self.me, -1)
         self.world, self.workers, self.committed = world, workers, committed
-        self.worker_world_ranks = {i for i, (lg, me, _) in enumerate(table) if lg >= 0 or int(me) in assign}
+        self.numbers = [int(lg) if lg >= 0 else assign.get(int(me), -1) for lg, me, _ in table]
         self.pending = Recovery(tuple(sorted(assign.values())), tuple(sorted(assign)), None, t0, attempts)
         if self.logical == 0 and self.pending.lost:
             log.warning("online recovery: worker rank(s) %s lost, taken by spare(s) %s (world ranks); %d spare(s) "
