@@ -220,16 +220,17 @@ def _run_job(cmd, timeout, env, startup):
     return proc.returncode, "".join(out), "".join(err)
 
 
-def run_mpi(nprocs, args, timeout=900, env=None, fault_tolerant=False, check=True):
-    """Run ``python <args>`` on ``nprocs`` ranks; return stdout (raise on failure). The script's
-    worker must call world(): a job whose ranks are not all past MPI_Init within STARTUP_S[i] is
+def run_mpi(nprocs, args, timeout=900, env=None, fault_tolerant=False, check=True, executable=sys.executable):
+    """Run ``python <args>`` (``executable`` None: the program ``args[0]``) on ``nprocs`` ranks;
+    return stdout (raise on failure). The script's worker must call world() (a program prints
+    MPI_STARTED the same way): a job whose ranks are not all past MPI_Init within STARTUP_S[i] is
     killed and started again. (MPI_Init hangs for good when another process deletes the job's
     /dev/shm/mpich_shm_* segment while it starts, as a clean-up of "new mpich files" run by a
     concurrent job does.) On a timeout every process of the job is killed; the MPI's files the job
     left behind are removed. ``fault_tolerant``: a ULFM launch (hpcckpt.online); ``check=False``:
     a failed job returns its stdout too (a job killed on purpose)."""
     m = mpi()
-    cmd = m.command(nprocs, [sys.executable, *args], fault_tolerant=fault_tolerant)
+    cmd = m.command(nprocs, ([executable] if executable else []) + list(args), fault_tolerant=fault_tolerant)
     for attempt, startup in enumerate(STARTUP_S, 1):
         res = _run_job(cmd, timeout, m.env(env or env_for_jobs(), nprocs=nprocs), startup)
         if res is not None:

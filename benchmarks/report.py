@@ -63,11 +63,23 @@ def fti_ratios(rows, level, new_files=False, anchors=None):
     return out
 
 
-def fti_target(rows, level, same_work_new_files=False, factor=2.0):
+def session_ratios(fti, level, new_files=False):
+    """[(MiB per rank, hpcckpt / FTI)] of ``level`` at 4 ranks from bench_fti.py's JSON (FTI and
+    hpcckpt interleaved in one session), or []."""
+    key = "x_fti_new_files" if new_files else "x_fti"
+    return sorted((r["mib_per_rank"], r["levels"][level][key]) for r in (fti or {}).get("rows", [])
+                  if r["ranks"] == FTI_RANKS and level in r["levels"])
+
+
+def fti_target(rows, level, same_work_new_files=False, factor=2.0, fti=None):
     """One row of the targets table: ``level`` >= ``factor`` x FTI's bandwidth at the same size.
     Judged on the default run (reuse_files = true), or with ``same_work_new_files`` on the
     reuse_files = false run (new files at every checkpoint, as FTI writes them). Sizes that FTI
-    has no figure for are "not comparable"."""
+    has no figure for are "not comparable". With ``fti`` (bench_fti.py's JSON) measuring the
+    level, it is judged on that session's ratios instead, this run's against the anchors beside."""
+    in_session = session_ratios(fti, level, new_files=same_work_new_files)
+    if in_session:
+        return session_target(rows, level, same_work_new_files, factor, fti, in_session)
     name = FTI_LEVEL_NAME[level]
     anchor_sizes = sorted(FTI_MIB_S[level])
     fti = "/".join(f"{FTI_MIB_S[level][s]:.0f}" for s in anchor_sizes)
@@ -97,6 +109,27 @@ def fti_target(rows, level, same_work_new_files=False, factor=2.0):
     return f"| {what} | {text} | {status} |"
 
 
+def session_target(rows, level, same_work_new_files, factor, fti, in_session):
+    """fti_target's row judged on bench_fti.py's same-session ratios ``in_session``."""
+    def fmt(xs):
+        return " / ".join(f"{x:.2f}×" for _, x in xs) + " at " + "/".join(str(s) for s, _ in xs) + " MiB"
+    what = (f"`{level}` ≥ {factor:g}× FTI {FTI_LEVEL_NAME[level]}, FTI and hpcckpt in one session "
+            f"(`bench_fti.py`, {fti['machine']['date'][:16]}, {FTI_RANKS} ranks)"
+            + ("; same work: new files at every checkpoint (`reuse_files = false`), as FTI writes them"
+               if same_work_new_files else ""))
+    other = session_ratios(fti, level, new_files=not same_work_new_files)
+    text = ("new files " if same_work_new_files else "") + fmt(in_session)
+    if other:
+        text += f" ({'reuse_files = true' if same_work_new_files else 'new files'}: {fmt(other)})"
+    anchored = fti_ratios(rows, level, new_files=same_work_new_files)
+    if anchored:
+        text += "; this run against the anchors above: " + fmt(anchored)
+    status = mark(min(x for _, x in in_session) >= factor)
+    if other and not same_work_new_files:
+        status += f"; new files {mark(min(x for _, x in other) >= factor)}"
+    return f"| {what} | {text} | {status} |"
+
+
 def recovery_comparable(rec):
     """FTI's recovery times are for FTI_RECOVERY_RANKS ranks x FTI_RECOVERY_MIB MiB per rank."""
     return rec.get("mib_per_rank") == FTI_RECOVERY_MIB and rec.get("ranks") == FTI_RECOVERY_RANKS
@@ -108,7 +141,7 @@ def incremental_comparable(inc):
 
 
 def sources(d, names=("levels", "recovery", "codecs", "integrity", "async", "naive", "numba", "background", "overhead",
-                      "incremental", "online"), cpu=None):
+                      "incremental", "online", "fti"), cpu=None):
     """'name date (load average at its end)' of each JSON the table reads; its CPU too where it
     is not ``cpu``."""
     parts = []
@@ -123,6 +156,19 @@ def sources(d, names=("levels", "recovery", "codecs", "integrity", "async", "nai
         parts.append(f"{name} {m.get('date', '?')[:16]}" + (f" (load {la[0]:.1f})" if la else "")
                      + (f" on {m['cpu']}" if cpu and m.get("cpu") and m["cpu"] != cpu else ""))
     return parts
+
+
+def session_paragraph(fti):
+    """What bench_fti.py measured: FTI and hpcckpt interleaved in one session."""
+    parts = []
+    for r in sorted(fti["rows"], key=lambda r: (r["ranks"], r["mib_per_rank"])):
+        cells = [f"{lv} {e['mib_s']:.0f} / new files {e['new_files_mib_s']:.0f} vs {e['fti_level']} "
+                 f"{r['fti_mib_s'][e['fti_level']]:.0f} ({e['x_fti']:.1f}× / {e['x_fti_new_files']:.2f}×)"
+                 for lv, e in r["levels"].items()]
+        parts.append(f"{r['ranks']} × {r['mib_per_rank']} MiB: " + ", ".join(cells))
+    return (f"FTI 1.6 and hpcckpt interleaved in one session on this machine (`bench_fti.py`, "
+            f"{fti['machine']['date'][:16]}, {fti['rounds']} rounds × {fti['reps']} checkpoints per level, medians, "
+            f"MiB/s; hpcckpt with reuse_files = true / false): " + "; ".join(parts) + ".")
 
 
 def naive_target(naive):
@@ -145,7 +191,7 @@ def table(d):
     if integ is None:
         integ = load(d, "local")      # bench_local.py run on its own
     asy, naive, numba, suite = load(d, "async"), load(d, "naive"), load(d, "numba"), load(d, "suite")
-    inc = load(d, "incremental")
+    inc, fti_session = load(d, "incremental"), load(d, "fti")
     out = []
     when = (lv or rec or cod or {}).get("machine", {})
     load_txt = ""
@@ -198,13 +244,16 @@ def table(d):
             f" / overwrite {r['limits']['mib_s'].get('tmpfs_overwrite', 0):.0f}, disk+fsync {r['limits']['mib_s'].get('disk_fsync', 0):.0f},"
             f" MPI ring {r['limits']['mib_s'].get('mpi_ring', 0):.0f}" for size, r in sorted(rows.items())) + ".")
         out.append("")
+    if fti_session:
+        out.append(session_paragraph(fti_session))
+        out.append("")
     # ------------------------------------------------------------------ targets
     out.append("Targets from the issues, against what is measured:")
     out.append("")
     out.append("| target | measured | status |")
     out.append("|---|---|---|")
     for level in LEVELS:
-        out.append(fti_target(rows, level, same_work_new_files=(level == "pfs")))
+        out.append(fti_target(rows, level, same_work_new_files=(level == "pfs"), fti=fti_session))
     for level, what, lim in (("local", "L1 ≥ 70% of the tmpfs write limit (overwrite)", 0.7),
                              ("pfs", "L4 ≥ 70% of the disk write+fsync limit", 0.7)):
         fr = [(s, rows[s]["levels"][level]["checkpoint_fraction_of_limit"]) for s in sorted(rows) if level in rows[s]["levels"]]

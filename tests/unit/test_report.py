@@ -75,6 +75,36 @@ def test_pfs_without_a_new_files_pass_is_not_judged():
     assert line.endswith("| – |") and "not measured" in line
 
 
+def _session(x, x_new, levels=("local", "pfs")):
+    """bench_fti.py's JSON: FTI and hpcckpt in one session, 4 ranks x 64 and 256 MiB."""
+    rows = [{"ranks": 4, "mib_per_rank": s, "fti_mib_s": {"L1": 100.0, "L4": 100.0},
+             "levels": {lv: {"fti_level": "L1" if lv == "local" else "L4", "mib_s": 100.0 * x,
+                             "new_files_mib_s": 100.0 * x_new, "x_fti": x, "x_fti_new_files": x_new}
+                        for lv in levels}} for s in (64, 256)]
+    return {"machine": {"date": "2026-12-05T22:36:10+0000"}, "rounds": 3, "reps": 3, "rows": rows}
+
+
+def test_a_same_session_measurement_decides_the_fti_targets():
+    fti = FTI_MIB_S["pfs"]
+    rows = {s: _row(s, 2.5 * fti[s], new_files=2.5 * fti[s]) for s in (64, 256)}   # met against the anchors
+    line = report.fti_target(rows, "pfs", same_work_new_files=True, fti=_session(3.0, 1.9))
+    assert "one session" in line and "new files 1.90× / 1.90× at 64/256 MiB" in line
+    assert "reuse_files = true: 3.00× / 3.00×" in line and "against the anchors above: 2.50× / 2.50×" in line
+    assert line.endswith("| **not met** |")
+    assert report.fti_target(rows, "pfs", same_work_new_files=True, fti=_session(1.5, 2.1)).endswith("| **met** |")
+    # the default (reuse_files = true) ratio decides the other levels; a level the session did
+    # not measure is judged against the anchors
+    assert report.fti_target(rows, "local", fti=_session(2.2, 1.1)).endswith("| **met**; new files **not met** |")
+    assert report.fti_target(rows, "local", fti=_session(1.9, 3.0)).endswith("| **not met**; new files **met** |")
+    assert "one session" not in report.fti_target(rows, "rs", fti=_session(1.0, 1.0))
+
+
+def test_the_table_quotes_the_same_session_figures(tmp_path):
+    (tmp_path / "fti.json").write_text(json.dumps(_session(3.0, 1.9)))
+    text = report.table(str(tmp_path))
+    assert "FTI 1.6 and hpcckpt interleaved in one session" in text and "pfs 300 / new files 190 vs L4 100" in text
+
+
 def _recovery(tmp_path, ranks, mib):
     lv = {k: {"seconds": {"total": 1.0, "restart": 0.8, "init": 0.2}} for k in ("local", "partner", "xor", "rs", "pfs")}
     (tmp_path / "recovery.json").write_text(json.dumps({"machine": {"date": "2026-12-04T00:00", "cpu": "x", "nproc": 2,
