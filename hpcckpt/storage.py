@@ -382,9 +382,9 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
     return [(name, offset, nbytes, digest) for (name, offset, nbytes), digest in zip(layout, digests)], size
 
 
-def _chunk_hook(i, src, dst, fault, on_chunk):
+def _chunk_hook(i, src, dst, fault, on_chunk, allocate=None):
     """The after_chunk(done) of array ``i``'s copy of ``src`` into ``dst``: the fault hook, then
-    on_chunk."""
+    on_chunk, then ``allocate(done)`` (the file's blocks for the next chunk)."""
     if fault is None and on_chunk is None:
         return None
 
@@ -395,17 +395,42 @@ def _chunk_hook(i, src, dst, fault, on_chunk):
             final = dst[:done]
             final.flags.writeable = False
             on_chunk(i, final, src[:done])
+        if allocate is not None:
+            allocate(done)
     return after_chunk
+
+
+class _AllocateAhead:
+    """Local: the blocks of a new file allocated (posix_fallocate) just ahead of a copy into its
+    mapping, ``STEP`` bytes at a time, so that the copy's first chunks are final (and handed
+    to the sync pfs flush) without waiting for the whole file to be allocated. ``cover(end)``:
+    every block before file offset ``end`` exists."""
+    STEP = 4 << 20
+
+    def __init__(self, fd, size):
+        self.fd, self.size, self.end = fd, size, 0
+
+    def cover(self, end):
+        if end > self.end:
+            end = min(self.size, max(end, self.end + self.STEP))
+            os.posix_fallocate(self.fd, self.end, end - self.end)
+            self.end = end
 
 
 def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chunk=None, mappings=None):
     """write_arrays' "mmap" method: copy and hash in one pass into the mapped file."""
     os.ftruncate(fd, size)
-    # Every block must exist before the copy: a page the file system cannot give to a mapped
-    # write kills the process with SIGBUS, where fallocate fails with a clean ENOSPC. An
+    # Every block must exist before it is copied to: a page the file system cannot give to a
+    # mapped write kills the process with SIGBUS, where fallocate fails with a clean ENOSPC. An
     # overwritten file has them all already (and fallocate would walk its pages for nothing).
+    # With on_chunk (the sync pfs flush writes each chunk as it is copied) a new file's blocks
+    # are allocated chunk by chunk ahead of the copy, so the first chunk goes out sooner.
+    ahead = None
     if os.fstat(fd).st_blocks * 512 < size:
-        os.posix_fallocate(fd, 0, size)
+        if on_chunk is None:
+            os.posix_fallocate(fd, 0, size)
+        else:
+            ahead = _AllocateAhead(fd, size)
     # MAP_POPULATE maps every page up front, which costs about what faulting them in during the
     # copy does; with on_chunk (the sync pfs flush writes each chunk as it is copied) the pages
     # are faulted in as copied instead, so the first chunk is handed over without waiting for all
@@ -417,7 +442,13 @@ def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chu
         digests = []
         for i, ((_, array), (_, offset, nbytes)) in enumerate(zip(arrays, layout)):
             src, dst = byte_view(array), file_bytes[offset:offset + nbytes]
-            digests.append(hexdigest_of(copy_and_hash(src, dst, chunk, _chunk_hook(i, src, dst, fault, on_chunk))))
+            allocate = None
+            if ahead is not None:    # a copy step is at most max(chunk, 1 KiB) (copy_and_hash)
+                step = max(chunk, 1024)
+                ahead.cover(offset + min(nbytes, step))
+                allocate = lambda done, offset=offset, nbytes=nbytes: ahead.cover(offset + min(nbytes, done + step))  # noqa: E731
+            digests.append(hexdigest_of(copy_and_hash(src, dst, chunk,
+                                                      _chunk_hook(i, src, dst, fault, on_chunk, allocate))))
             del src, dst
         if on_mapped is not None:
             on_mapped(file_bytes)
