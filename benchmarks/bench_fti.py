@@ -25,6 +25,7 @@ xor when asked: FTI has no XOR level), L4 - pfs. Figures: the median over every 
 samples; aggregate MiB/s = ranks x MiB per rank / seconds; ``x_fti`` = hpcckpt / FTI with
 ``reuse_files`` true, ``x_fti_new_files`` with new files at every checkpoint (FTI's file work).
 """
+import json
 import os
 import shutil
 import subprocess
@@ -32,6 +33,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_levels  # noqa: E402
 from common import (DISK, SHM, command, median, mpi, parser, result_line, run_mpi, say,  # noqa: E402
                     write_json)
 
@@ -125,11 +127,9 @@ def run_fti(driver, ranks, mib, reps, levels):
 
 def run_hpcckpt(ranks, mib, reps, levels):
     """bench_levels.py for one cell; {level: (samples reuse_files true, samples new files)}."""
-    import bench_levels
     with tempfile.TemporaryDirectory(prefix="hpcckpt-bench-fti-") as tmp:
         path = bench_levels.main(["--grid", f"{ranks}x{mib}", "--levels", ",".join(levels), "--reps", str(reps),
                                   "--out", os.path.join(tmp, "levels.json")])
-        import json
         with open(path) as f:
             row = json.load(f)["rows"][0]
     return {lv: (row["levels"][lv]["samples"]["checkpoint"], row["levels"][lv]["new_files"]["samples"]["checkpoint"])
