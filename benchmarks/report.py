@@ -82,8 +82,8 @@ def fti_target(rows, level, same_work_new_files=False, factor=2.0, fti=None):
         return session_target(rows, level, same_work_new_files, factor, fti, in_session)
     name = FTI_LEVEL_NAME[level]
     anchor_sizes = sorted(FTI_MIB_S[level])
-    fti = "/".join(f"{FTI_MIB_S[level][s]:.0f}" for s in anchor_sizes)
-    what = (f"`{level}` ≥ {factor:g}× FTI {name} ({fti} MiB/s at {'/'.join(map(str, anchor_sizes))} MiB, {FTI_RANKS} ranks)"
+    anchor_text = "/".join(f"{FTI_MIB_S[level][s]:.0f}" for s in anchor_sizes)
+    what = (f"`{level}` ≥ {factor:g}× FTI {name} ({anchor_text} MiB/s at {'/'.join(map(str, anchor_sizes))} MiB, {FTI_RANKS} ranks)"
             + ("; same work: new files at every checkpoint (`reuse_files = false`), as FTI writes them" if same_work_new_files else ""))
     measured = [s for s in sorted(rows) if level in rows[s]["levels"]]
     if not measured:

@@ -416,6 +416,12 @@ class _AllocateAhead:
             os.posix_fallocate(self.fd, self.end, end - self.end)
             self.end = end
 
+    def array(self, offset, nbytes, step):
+        """Cover the first copy ``step`` of the array at file ``offset``; return the
+        allocate(done) that covers the step after each chunk."""
+        self.cover(offset + min(nbytes, step))
+        return lambda done: self.cover(offset + min(nbytes, done + step))
+
 
 def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chunk=None, mappings=None):
     """write_arrays' "mmap" method: copy and hash in one pass into the mapped file."""
@@ -442,11 +448,8 @@ def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chu
         digests = []
         for i, ((_, array), (_, offset, nbytes)) in enumerate(zip(arrays, layout)):
             src, dst = byte_view(array), file_bytes[offset:offset + nbytes]
-            allocate = None
-            if ahead is not None:    # a copy step is at most max(chunk, 1 KiB) (copy_and_hash)
-                step = max(chunk, 1024)
-                ahead.cover(offset + min(nbytes, step))
-                allocate = lambda done, offset=offset, nbytes=nbytes: ahead.cover(offset + min(nbytes, done + step))  # noqa: E731
+            # a copy step of copy_and_hash is at most max(chunk, 1 KiB)
+            allocate = ahead.array(offset, nbytes, max(chunk, 1024)) if ahead is not None else None
             digests.append(hexdigest_of(copy_and_hash(src, dst, chunk,
                                                       _chunk_hook(i, src, dst, fault, on_chunk, allocate))))
             del src, dst
