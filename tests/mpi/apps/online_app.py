@@ -57,6 +57,8 @@ def init(comm):
 
 
 def step(comm, state, i):
+    if kills.get(i):
+        comm.Barrier()     # every worker at step i: victims of the same step die in the same failure
     for victim, rmnode in kills.get(i, ()):
         if victim == comm.rank:
             marker = os.path.join(a.markers or os.path.dirname(a.out), f"killed-{victim}-{i}")
