@@ -24,6 +24,10 @@ Levels compared: FTI L1 - local, L2 - partner, L3 (Reed-Solomon, 4 data + 4 pari
 xor when asked: FTI has no XOR level), L4 - pfs. Figures: the median over every round's timed
 samples; aggregate MiB/s = ranks x MiB per rank / seconds; ``x_fti`` = hpcckpt / FTI with
 ``reuse_files`` true, ``x_fti_new_files`` with new files at every checkpoint (FTI's file work).
+``disk_new_files_mib_s``: the limit bench_levels measures in each of its jobs for that file work
+done by hand (common.disk_new_files: new files written with direct I/O, the previous one removed,
+back to back); for pfs, ``disk_new_files_x_fti`` = that limit / FTI L4 (the most any writer of
+new files reaches against FTI here) and ``new_files_of_disk_new_files`` = pfs with new files / it.
 """
 import json
 import os
@@ -126,14 +130,15 @@ def run_fti(driver, ranks, mib, reps, levels):
 
 
 def run_hpcckpt(ranks, mib, reps, levels):
-    """bench_levels.py for one cell; {level: (samples reuse_files true, samples new files)}."""
+    """bench_levels.py for one cell: ({level: (samples reuse_files true, samples new files)},
+    samples of its disk_new_files limit)."""
     with tempfile.TemporaryDirectory(prefix="hpcckpt-bench-fti-") as tmp:
         path = bench_levels.main(["--grid", f"{ranks}x{mib}", "--levels", ",".join(levels), "--reps", str(reps),
                                   "--out", os.path.join(tmp, "levels.json")])
         with open(path) as f:
             row = json.load(f)["rows"][0]
-    return {lv: (row["levels"][lv]["samples"]["checkpoint"], row["levels"][lv]["new_files"]["samples"]["checkpoint"])
-            for lv in levels}
+    return ({lv: (row["levels"][lv]["samples"]["checkpoint"], row["levels"][lv]["new_files"]["samples"]["checkpoint"])
+             for lv in levels}, row["limits"]["samples"].get("disk_new_files", []))
 
 
 def parse_grid(text):
@@ -167,7 +172,7 @@ def main(argv=None):
     prefix = os.path.abspath(a.fti_prefix) if a.fti_prefix else build_fti(a.fti_src)
     fti_levels = sorted({FTI_LEVEL[lv] for lv in levels})
     samples = {cell: {"fti": {lv: [] for lv in fti_levels}, "reuse": {lv: [] for lv in levels},
-                      "new": {lv: [] for lv in levels}} for cell in cells}
+                      "new": {lv: [] for lv in levels}, "disk_new_files": []} for cell in cells}
     with tempfile.TemporaryDirectory(prefix="hpcckpt-bench-fti-") as build:
         driver = compile_driver(prefix, build)
         for rnd in range(1, rounds + 1):
@@ -176,9 +181,11 @@ def main(argv=None):
                 for lv, secs in run_fti(driver, ranks, mib, reps, fti_levels).items():
                     samples[(ranks, mib)]["fti"][lv] += secs
                 say(f"round {rnd}/{rounds}, {ranks} x {mib} MiB: hpcckpt {', '.join(levels)}")
-                for lv, (reuse, new) in run_hpcckpt(ranks, mib, reps, levels).items():
+                ours, floor = run_hpcckpt(ranks, mib, reps, levels)
+                for lv, (reuse, new) in ours.items():
                     samples[(ranks, mib)]["reuse"][lv] += reuse
                     samples[(ranks, mib)]["new"][lv] += new
+                samples[(ranks, mib)]["disk_new_files"] += floor
     rows = []
     for (ranks, mib), s in samples.items():
         total = ranks * mib
@@ -192,8 +199,16 @@ def main(argv=None):
                                  "x_fti": reuse / fti, "x_fti_new_files": new / fti}
             say(f"  {ranks} x {mib} MiB {lv:8s} {reuse:7.0f} MiB/s, new files {new:6.0f}; FTI L{FTI_LEVEL[lv]} "
                 f"{fti:5.0f}: {reuse / fti:.1f}x, new files {new / fti:.2f}x")
+        if s["disk_new_files"]:
+            floor = row["disk_new_files_mib_s"] = total / median(s["disk_new_files"])
+            if "pfs" in row["levels"]:
+                pfs = row["levels"]["pfs"]
+                pfs["disk_new_files_x_fti"] = floor / row["fti_mib_s"]["L4"]
+                pfs["new_files_of_disk_new_files"] = pfs["new_files_mib_s"] / floor
+                say(f"  {ranks} x {mib} MiB the disk alone, new files (disk_new_files) {floor:.0f} MiB/s: "
+                    f"{pfs['disk_new_files_x_fti']:.2f}x FTI L4; pfs with new files {pfs['new_files_of_disk_new_files']:.0%} of it")
         row["samples_s"] = {"fti": {f"L{k}": v for k, v in s["fti"].items()}, "hpcckpt": s["reuse"],
-                            "hpcckpt_new_files": s["new"]}
+                            "hpcckpt_new_files": s["new"], "disk_new_files": s["disk_new_files"]}
         rows.append(row)
     path = write_json("fti", {"command": command("bench_fti.py", argv), "rounds": rounds, "reps": reps,
                               "fti_prefix": prefix, "rows": rows}, a.out)

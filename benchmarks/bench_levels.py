@@ -7,8 +7,8 @@ false (new files at every checkpoint, as FTI writes them).
     (--quick: grid 4x16 and 2 repetitions; every level, both passes and every limit still measured)
 
 One mpiexec job per (ranks, MiB per rank). Each job first measures, every rank at once, the
-limits (common.measure_limits: memcpy, tmpfs new file / overwrite, disk write + fsync, MPI ring
-Sendrecv), then for each level two passes, one after the other, each with a Checkpointer of its
+limits (common.measure_limits: memcpy, tmpfs new file / overwrite, disk write + fsync, new disk
+files back to back with the previous one removed, MPI ring Sendrecv), then for each level two passes, one after the other, each with a Checkpointer of its
 own (fresh cache and pfs directories, removed after the pass):
   1. reuse_files = true: 3 warm-up checkpoints (the first is reported as ``first``; from the 4th
      on, with keep = 2, every file overwrites a retired one), ``reps`` timed checkpoints, and
@@ -120,6 +120,9 @@ def analyse(ranks, size, raw, levels):
         if nf and nf["checkpoint"]:
             n = summarize(nf, total)
             d["new_files"] = {**n, "checkpoint_fraction_of_tmpfs_new": n["mib_s"]["checkpoint"] / lim["mib_s"]["tmpfs_new"]}
+            if level == "pfs" and "disk_new_files" in lim["mib_s"]:
+                d["new_files"]["checkpoint_fraction_of_disk_new_files"] = (n["mib_s"]["checkpoint"]
+                                                                          / lim["mib_s"]["disk_new_files"])
         fti = FTI_MIB_S[level].get(size) if ranks == FTI_RANKS else None
         if fti:
             d["fti_mib_s"] = fti
@@ -159,6 +162,8 @@ def main(argv=None):
             say(f"  {level:8s} checkpoint {d['mib_s']['checkpoint']:7.0f} MiB/s ({d['checkpoint_fraction_of_limit']:.0%} "
                 f"of {d['limit']}), restart {d['mib_s']['restart']:7.0f} MiB/s"
                 + (f", new files {d['new_files']['mib_s']['checkpoint']:7.0f} MiB/s" if "new_files" in d else "")
+                + (f" ({d['new_files']['checkpoint_fraction_of_disk_new_files']:.0%} of disk_new_files)"
+                   if "checkpoint_fraction_of_disk_new_files" in d.get("new_files", {}) else "")
                 + (f", {d['x_fti']:.1f}x FTI {d['fti_mib_s']:.0f}" if "x_fti" in d else "")
                 + (f" ({d['x_fti_new_files']:.1f}x with new files)" if "x_fti_new_files" in d else ""))
     path = write_json("levels", {"command": command("bench_levels.py", argv),

@@ -312,7 +312,34 @@ def write_disk_ways(data, path, aligned, existing):
             "overwrite_direct": lambda: direct(existing, os.O_WRONLY)}
 
 
-LIMITS = ("memcpy", "tmpfs_new", "tmpfs_overwrite", "disk_fsync", "mpi_ring")
+LIMITS = ("memcpy", "tmpfs_new", "tmpfs_overwrite", "disk_fsync", "disk_new_files", "mpi_ring")
+
+
+def disk_new_files(comm, data, aligned, disk_dir, steps):
+    """What a checkpoint with new files at every step asks of the disk, done by hand and back to
+    back (collective): per step every rank writes a new file of ``data``'s size with direct I/O
+    from ``aligned`` and fsyncs it, then the previous step's file is unlinked by a thread while
+    the next step writes (as the pfs level with ``reuse_files = false`` removes the step it
+    retires, and FTI removes its previous checkpoint). No copy, no HDF5, no checksum: the most
+    the disk allows that work here (on a file system mounted with ``discard`` an unlink is
+    device work). ``steps`` timed steps (slowest rank each) after one untimed first step."""
+    import threading
+    times, previous, remover = [], None, None
+    for k in range(steps + 1):
+        path = os.path.join(disk_dir, f"new_files_{comm.rank}_{k}.dat")
+        t = timed(comm, write_disk_ways(data, path, aligned, None)["direct"])
+        if k:
+            times.append(t)
+        if remover is not None:
+            remover.join()
+        if previous is not None:
+            remover = threading.Thread(target=os.unlink, args=(previous,))
+            remover.start()
+        previous = path
+    if remover is not None:
+        remover.join()
+    os.unlink(previous)
+    return times
 
 
 def compile_nt_copy():
@@ -393,7 +420,9 @@ def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS):
     touched buffer the size of ``data``. The disk limit ("disk_fsync") is, per sample, the
     fastest of write_disk_ways (a new file: 1 MiB writes, 8 MiB writes with early writeback,
     direct I/O; an existing file overwritten: the last two), each also kept as ``disk_<way>``:
-    a limit that a hand-written file or the pfs level beats would be no limit."""
+    a limit that a hand-written file or the pfs level beats would be no limit. ``disk_new_files``:
+    the rotation of new files of disk_new_files() (``reps`` steps after the loop above), the
+    limit of a checkpoint with new files at every step."""
     import numpy as np
     res = {k: [] for k in which}
     aligned = None
@@ -435,6 +464,9 @@ def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS):
         if "mpi_ring" in res and comm.size > 1:
             dst, src = (r + 1) % comm.size, (r - 1) % comm.size
             res["mpi_ring"].append(timed(comm, lambda: comm.Sendrecv(data, dst, 7, scratch, src, 7)))
+    if "disk_new_files" in res:
+        aligned = _aligned_copy(data) if aligned is None else aligned
+        res["disk_new_files"] = disk_new_files(comm, data, aligned, disk_dir, reps)
     if os.path.exists(existing):
         os.unlink(existing)
     return {k: v for k, v in res.items() if v}

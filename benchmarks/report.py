@@ -127,7 +127,22 @@ def session_target(rows, level, same_work_new_files, factor, fti, in_session):
     status = mark(min(x for _, x in in_session) >= factor)
     if other and not same_work_new_files:
         status += f"; new files {mark(min(x for _, x in other) >= factor)}"
+    floor = disk_floor(fti) if same_work_new_files and level == "pfs" else []
+    if floor:
+        text += ("; the disk alone doing that file work by hand (`disk_new_files`: new files with direct I/O, the "
+                 "previous one removed, back to back, same jobs) allows " + fmt([(s, x) for s, x, _ in floor])
+                 + ", and `pfs` with new files reaches " + " / ".join(f"{f:.0%}" for _, _, f in floor) + " of it")
+        if min(x for _, x, _ in floor) < factor:
+            status += f" (the disk allows at most {min(x for _, x, _ in floor):.2f}× here)"
     return f"| {what} | {text} | {status} |"
+
+
+def disk_floor(fti):
+    """[(MiB per rank, disk_new_files / FTI L4, pfs with new files / disk_new_files)] from
+    bench_fti.py's JSON where it measured the disk's new-file limit, or []."""
+    return sorted((r["mib_per_rank"], r["levels"]["pfs"]["disk_new_files_x_fti"], r["levels"]["pfs"]["new_files_of_disk_new_files"])
+                  for r in (fti or {}).get("rows", [])
+                  if r["ranks"] == FTI_RANKS and "disk_new_files_x_fti" in r["levels"].get("pfs", {}))
 
 
 def recovery_comparable(rec):
@@ -225,7 +240,9 @@ def table(d):
                 out.append(f"| `{level}` | {size} MiB | {m['checkpoint']:.0f} MiB/s | "
                            + (f"{nf:.0f} MiB/s | " if nf else "– | ")
                            + f"{pct(e['checkpoint_fraction_of_limit'])} "
-                           f"{'tmpfs' if e['limit'].startswith('tmpfs') else 'disk+fsync'} | "
+                           f"{'tmpfs' if e['limit'].startswith('tmpfs') else 'disk+fsync'}"
+                           + (f"; new files {pct(e['new_files']['checkpoint_fraction_of_disk_new_files'])} of disk new files"
+                              if "checkpoint_fraction_of_disk_new_files" in e.get("new_files", {}) else "") + " | "
                            + (f"{FTI_LEVEL_NAME[level]} {fti:.0f} MiB/s | {m['checkpoint'] / fti:.1f}× | "
                               + (f"{nf / fti:.1f}× |" if nf else "– |") if fti else "– | – | – |")
                            + f" {m['restart']:.0f} MiB/s |")
@@ -242,6 +259,8 @@ def table(d):
         out.append("Limits (same jobs, every rank at once, aggregate MiB/s): " + "; ".join(
             f"{size} MiB: memcpy {r['limits']['mib_s'].get('memcpy', 0):.0f}, tmpfs new {r['limits']['mib_s'].get('tmpfs_new', 0):.0f}"
             f" / overwrite {r['limits']['mib_s'].get('tmpfs_overwrite', 0):.0f}, disk+fsync {r['limits']['mib_s'].get('disk_fsync', 0):.0f},"
+            + (f" disk new files (back to back, the previous removed) {r['limits']['mib_s']['disk_new_files']:.0f},"
+               if "disk_new_files" in r["limits"]["mib_s"] else "") +
             f" MPI ring {r['limits']['mib_s'].get('mpi_ring', 0):.0f}" for size, r in sorted(rows.items())) + ".")
         out.append("")
     if fti_session:

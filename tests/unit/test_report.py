@@ -99,6 +99,23 @@ def test_a_same_session_measurement_decides_the_fti_targets():
     assert "one session" not in report.fti_target(rows, "rs", fti=_session(1.0, 1.0))
 
 
+def test_the_pfs_target_states_what_the_disk_alone_allows():
+    fti = FTI_MIB_S["pfs"]
+    rows = {s: _row(s, 2.5 * fti[s], new_files=2.5 * fti[s]) for s in (64, 256)}
+    session = _session(3.0, 1.9)
+    line = report.fti_target(rows, "pfs", same_work_new_files=True, fti=session)
+    assert "disk alone" not in line                     # a session without the limit says nothing of it
+    for r, floor_x in zip(session["rows"], (1.95, 2.4)):
+        r["levels"]["pfs"].update(disk_new_files_x_fti=floor_x, new_files_of_disk_new_files=1.9 / floor_x)
+    line = report.fti_target(rows, "pfs", same_work_new_files=True, fti=session)
+    assert "allows 1.95× / 2.40× at 64/256 MiB" in line and "reaches 97% / 79% of it" in line
+    assert line.endswith("| **not met** (the disk allows at most 1.95× here) |")
+    for r in session["rows"]:
+        r["levels"]["pfs"]["disk_new_files_x_fti"] = 2.4
+    assert report.fti_target(rows, "pfs", same_work_new_files=True, fti=session).endswith("| **not met** |")
+    assert report.disk_floor(None) == [] and report.disk_floor(_session(3.0, 1.9)) == []
+
+
 def test_the_table_quotes_the_same_session_figures(tmp_path):
     (tmp_path / "fti.json").write_text(json.dumps(_session(3.0, 1.9)))
     text = report.table(str(tmp_path))
