@@ -355,7 +355,7 @@ def table(d):
         out.append(f"| with `background = true`, partner and xor keep the application waiting ≤ 1.5× the local level "
                    f"({bg['ranks']} ranks × {bg['mib_per_rank']} MiB) | "
                    + ", ".join(f"{lv_} {t[lv_]['value']:.2f}× local" for lv_ in t)
-                   + f" (without background: " + ", ".join(
+                   + " (without background: " + ", ".join(
                        f"{lv_} {bg['summary'][lv_]['blocking_call_vs_local']:.2f}×" for lv_ in t if lv_ in bg["summary"])
                    + f") | {mark(all(v['met'] for v in t.values()))} |")
     if ovh and ovh.get("targets"):
