@@ -322,13 +322,15 @@ def disk_new_files(comm, data, aligned, disk_dir, steps):
     the next step writes (as the pfs level with ``reuse_files = false`` removes the step it
     retires, and FTI removes its previous checkpoint). No copy, no HDF5, no checksum: the most
     the disk allows that work here (on a file system mounted with ``discard`` an unlink is
-    device work). ``steps`` timed steps (slowest rank each) after one untimed first step."""
+    device work). ``steps`` timed steps (slowest rank each) after two untimed ones: the removal
+    that starts after step k unlinks step k-1's file, so step 2 is the first one that a removal
+    runs into, as every checkpoint's does in the steady state."""
     import threading
     times, previous, remover = [], None, None
-    for k in range(steps + 1):
+    for k in range(steps + 2):
         path = os.path.join(disk_dir, f"new_files_{comm.rank}_{k}.dat")
         t = timed(comm, write_disk_ways(data, path, aligned, None)["direct"])
-        if k:
+        if k >= 2:
             times.append(t)
         if remover is not None:
             remover.join()
