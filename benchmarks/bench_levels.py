@@ -8,8 +8,9 @@ false (new files at every checkpoint, as FTI writes them).
 
 One mpiexec job per (ranks, MiB per rank). Each job first measures, every rank at once, the
 limits (common.measure_limits: memcpy, tmpfs new file / overwrite, disk write + fsync, new disk
-files back to back with the previous one removed, MPI ring Sendrecv), then for each level two passes, one after the other, each with a Checkpointer of its
-own (fresh cache and pfs directories, removed after the pass):
+files back to back with the previous one removed, MPI ring Sendrecv), then for each level two
+passes, one after the other, each with a Checkpointer of its own (fresh cache and pfs
+directories, removed after the pass):
   1. reuse_files = true: 3 warm-up checkpoints (the first is reported as ``first``; from the 4th
      on, with keep = 2, every file overwrites a retired one), ``reps`` timed checkpoints, and
      ``reps`` timed restarts, each after losing what the level exists for:
