@@ -41,7 +41,8 @@ def test_quick_suite_writes_json(tmp_path):
     assert set(row["levels"]) == {"local", "partner", "xor", "rs", "pfs"}
     for level in row["levels"].values():
         assert {"checkpoint", "restart"} <= set(level["mib_s"]) and level["checkpoint_fraction_of_limit"] > 0
-    assert {"memcpy", "tmpfs_new", "tmpfs_overwrite", "disk_fsync", "mpi_ring"} <= set(row["limits"]["mib_s"])
+    assert {"memcpy", "tmpfs_new", "tmpfs_overwrite", "disk_fsync", "disk_new_files", "mpi_ring"} <= set(row["limits"]["mib_s"])
+    assert row["levels"]["pfs"]["new_files"]["checkpoint_fraction_of_disk_new_files"] > 0
     suite = json.loads((tmp_path / "suite.json").read_text())
     assert all(r["status"] == "ok" for r in suite["runs"].values()), suite["runs"]
     assert "| target | measured | status |" in (tmp_path / "TABLE.md").read_text()
