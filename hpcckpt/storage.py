@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 
 from .codecs.checksum import hexdigest_of, new_hasher
-from .codecs.xxh3 import copy_and_hash
+from .codecs.xxh3 import BLOCK_BYTES, copy_and_hash
 from .errors import CorruptCheckpointError
 
 log = logging.getLogger("hpcckpt")
@@ -448,8 +448,8 @@ def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chu
         digests = []
         for i, ((_, array), (_, offset, nbytes)) in enumerate(zip(arrays, layout)):
             src, dst = byte_view(array), file_bytes[offset:offset + nbytes]
-            # a copy step of copy_and_hash is at most max(chunk, 1 KiB)
-            allocate = ahead.array(offset, nbytes, max(chunk, 1024)) if ahead is not None else None
+            # a copy step of copy_and_hash is at most max(chunk, one hash block)
+            allocate = ahead.array(offset, nbytes, max(chunk, BLOCK_BYTES)) if ahead is not None else None
             digests.append(hexdigest_of(copy_and_hash(src, dst, chunk,
                                                       _chunk_hook(i, src, dst, fault, on_chunk, allocate))))
             del src, dst
