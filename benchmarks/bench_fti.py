@@ -38,8 +38,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_levels  # noqa: E402
-from common import (DISK, SHM, command, median, mpi, parser, result_line, run_mpi, say,  # noqa: E402
-                    write_json)
+from common import (DISK, SHM, command, median, mpi, parse_grid, parser, result_line, run_mpi,  # noqa: E402
+                    say, write_json)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER_SOURCE = os.path.join(HERE, "fti", "fti_driver.c")
@@ -139,14 +139,6 @@ def run_hpcckpt(ranks, mib, reps, levels):
             row = json.load(f)["rows"][0]
     return ({lv: (row["levels"][lv]["samples"]["checkpoint"], row["levels"][lv]["new_files"]["samples"]["checkpoint"])
              for lv in levels}, row["limits"]["samples"].get("disk_new_files", []))
-
-
-def parse_grid(text):
-    cells = []
-    for cell in text.split(","):
-        r, m = cell.lower().split("x")
-        cells.append((int(r), int(m)))
-    return cells
 
 
 def main(argv=None):

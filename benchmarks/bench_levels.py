@@ -31,7 +31,7 @@ import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (FTI_MIB_S, FTI_RANKS, FTI_SOURCE, LIMITS, MiB, command, measure_limits, parser,  # noqa: E402
+from common import (FTI_MIB_S, FTI_RANKS, FTI_SOURCE, LIMITS, MiB, command, measure_limits, parse_grid, parser,  # noqa: E402
                     result_line, run_mpi, say, scratch, summarize, timed, world, write_json)
 
 LEVELS = ("local", "partner", "xor", "rs", "pfs")
@@ -146,7 +146,7 @@ def main(argv=None):
         return worker(a)
     if a.reps is None:
         a.reps = QUICK_REPS if a.quick else 3
-    grid = [tuple(int(x) for x in g.split("x")) for g in (a.grid or (QUICK_GRID if a.quick else FULL_GRID)).split(",")]
+    grid = parse_grid(a.grid or (QUICK_GRID if a.quick else FULL_GRID))
     levels = a.levels.split(",")
     rows = []
     for n, (ranks, size) in enumerate(grid, 1):

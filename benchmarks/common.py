@@ -474,6 +474,15 @@ def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS):
     return {k: v for k, v in res.items() if v}
 
 
+def parse_grid(text):
+    """"RANKSxMIB,..." (e.g. "4x64,4x256") -> [(ranks, MiB per rank)]."""
+    cells = []
+    for cell in text.split(","):
+        ranks, mib = cell.strip().lower().split("x")
+        cells.append((int(ranks), int(mib)))
+    return cells
+
+
 def summarize(samples, total_mib):
     """{key: samples} -> {"seconds": medians, "mib_s": aggregate bandwidth, "samples": ...}."""
     sec = {k: median(v) for k, v in samples.items() if v}
