@@ -327,7 +327,10 @@ class Checkpointer:
                                "(np.ascontiguousarray makes a copy, which would not be filled in place)")
         if not array.flags.writeable:
             raise ProtectError(f"array {name!r} is read-only; restart() must be able to fill it in place")
-        mf.check_dtype(array.dtype)
+        try:
+            mf.check_array(array)
+        except ProtectError as e:
+            raise ProtectError(f"array {name!r}: {e}") from None
         if (global_shape is None) != (offset is None):
             raise ProtectError(f"array {name!r}: give both global_shape and offset, or neither")
         if global_shape is not None:
@@ -579,7 +582,7 @@ class Checkpointer:
             dup = sorted({n for n in names if names.count(n) > 1})
             raise ProtectError(f"the names {dup} are both protected and in the state dict")
         if not items:
-            raise HpcCkptError("nothing to checkpoint: protect() an array or pass a state dict")
+            raise ProtectError("nothing to checkpoint: protect() an array or pass a non-empty state dict")
         return items, replicated
 
     def _replicated_differ(self, replicated, step):
@@ -616,7 +619,7 @@ class Checkpointer:
         if state is not None and not isinstance(state, dict):
             raise ProtectError(f"state must be a dict, got {type(state).__name__}")
         if not self._arrays and not state:
-            raise HpcCkptError("nothing to checkpoint: protect() an array or pass a state dict")
+            raise ProtectError("nothing to checkpoint: protect() an array or pass a non-empty state dict")
         if self._last_step is not None and step <= self._last_step:
             raise HpcCkptError(f"step {step} is not newer than the last checkpoint or restart step "
                                f"{self._last_step}; steps must increase")
@@ -699,6 +702,9 @@ class Checkpointer:
                 raise HpcCkptError("nothing to restore: protect() arrays or pass a state dict to restart()")
             if state is not None and not isinstance(state, dict):
                 raise MismatchError(f"restart: state must be a dict, got {type(state).__name__}")
+            both = st.overlapping(state, self._arrays) if state is not None else []
+            if both:
+                raise ProtectError(f"restart: the names {both[:8]} are both protected and in the state dict")
             found = self.cache.scan()
             ok = {f.step: f for f in found if f.state == "ok"}
             incompatible = [f for f in found if f.state == "incompatible"]

@@ -19,7 +19,8 @@ ARRAY_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,1023}$")
 LAYOUTS = ("rank", "block", "rows", "replicated", "root")
 MAX_STEP = (1 << 40) - 1  # steps and epochs are ordered as one 64-bit key: epoch << 40 | step
 ALLOWED_DTYPE_KINDS = "biufcSUmM"
-MAX_DIMS = 32
+MAX_DIMS = 32             # as HDF5 (H5S_MAX_RANK)
+MAX_DTYPE_TEXT = 16       # the longest dtype string a manifest holds ('<M8[...]' with a unit multiple)
 MAX_BYTES = 1 << 50
 _HEX_RE = re.compile(r"^[0-9a-f]{1,64}$")
 
@@ -113,6 +114,23 @@ def check_dtype(dtype):
     if dtype.kind not in ALLOWED_DTYPE_KINDS or dtype.fields is not None or dtype.hasobject:
         raise ProtectError(f"dtype {dtype} cannot be checkpointed: only plain bool, integer, float, "
                            "complex, bytes/str and datetime dtypes (no object or structured dtypes)")
+    if len(dtype.str) > MAX_DTYPE_TEXT:
+        raise ProtectError(f"dtype {dtype.str!r} cannot be checkpointed: its name is longer than "
+                           f"{MAX_DTYPE_TEXT} characters")
+
+
+def check_array(array):
+    """Raise ProtectError unless ``array`` (an ndarray) can be stored and read back as it is: a
+    plain ndarray (or np.memmap) of a storable dtype with at most MAX_DIMS dimensions."""
+    if type(array) is not np.ndarray and not isinstance(array, np.memmap):
+        raise ProtectError(f"a {type(array).__name__} (a subclass of numpy.ndarray) cannot be checkpointed: it "
+                           "would come back as a plain ndarray" + (" without its mask; pass its .data and "
+                           ".mask as two arrays" if isinstance(array, np.ma.MaskedArray) else
+                           "; pass np.asarray(value)"))
+    check_dtype(array.dtype)
+    if array.ndim > MAX_DIMS:
+        raise ProtectError(f"an array of {array.ndim} dimensions cannot be checkpointed (at most {MAX_DIMS}, "
+                           "as in HDF5)")
 
 
 def check_header(doc, where, expected_format, max_version):
@@ -230,7 +248,7 @@ def _parse_array(a, where, version=VERSION):
 def parse_dtype(dtype_text, bad):
     """The NumPy dtype of a dtype string read from a file; ``bad(msg)`` makes the error to raise
     unless it is the canonical string of an allowed plain dtype."""
-    if not isinstance(dtype_text, str) or len(dtype_text) > 16:
+    if not isinstance(dtype_text, str) or len(dtype_text) > MAX_DTYPE_TEXT:
         raise bad(f"bad dtype {dtype_text!r}")
     try:
         dtype = np.dtype(dtype_text)

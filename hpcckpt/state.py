@@ -6,7 +6,9 @@
   joined with ``"."`` (``{"p": {"pos": a}}`` -> ``"p.pos"``);
 - everything else (Python ints of any size, floats bit for bit, bools, str, None, bytes, complex,
   NumPy scalars, and lists, tuples and dicts of them) goes into the **state document**: the dict's
-  whole structure as JSON, arrays referred to by name. Nothing is pickled.
+  whole structure as JSON (keys in the dict's order), arrays referred to by name. Nothing is
+  pickled. What would come back as another type (subclasses of those types, ndarray subclasses
+  such as masked arrays) is refused with a ProtectError.
 
 ``restart(state)`` matches a saved document against the dict and plans every change before any is
 made (``plan_restore``): an array of the same shape and dtype is filled in place (the same object),
@@ -29,7 +31,7 @@ import struct
 import numpy as np
 
 from .errors import CorruptCheckpointError, MismatchError, ProtectError
-from .manifest import check_dtype
+from .manifest import check_array, check_dtype
 
 STATE_ENTRY = "__state__"            # the array of the checkpoint that holds the state document
 FORMAT = "hpcckpt-state"
@@ -38,6 +40,7 @@ KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}$")     # top-level names of
 PATH_KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")         # nested keys on the way to an array
 MAX_DEPTH = 64
 MAX_NAME = 1024
+_INT_HEX_RE = re.compile(r"^-?[0-9a-f]+$")
 KINDS = ("rank", "block", "rows", "replicated", "root")
 
 
@@ -114,8 +117,16 @@ def flatten(state):
         if not isinstance(key, str) or not KEY_RE.match(key):
             raise ProtectError(f"state key {key!r}: use 1-128 letters, digits, '_' or '-', starting with a "
                                "letter or '_' (it names the value in the checkpoint)")
+        if key == STATE_ENTRY:
+            raise ProtectError(f"state key {key!r} is reserved by hpcckpt")
         items[key] = _encode(value, key, key, arrays, 0)
     return Flat(arrays, {"format": FORMAT, "version": VERSION, "items": items})
+
+
+# Python types saved as they are; a subclass of one (an IntEnum, a namedtuple, an OrderedDict)
+# would come back as the base type, so it is refused instead.
+_BASE_TYPES = (bool, int, float, complex, str, bytes, list, tuple, dict)
+BIG_INT_BITS = 4096       # larger ints are stored in hex (JSON decimals stop at 4300 digits in Python)
 
 
 def _encode(v, path, top, arrays, depth):
@@ -128,45 +139,71 @@ def _encode(v, path, top, arrays, depth):
         if len(path) > MAX_NAME:
             raise ProtectError(f"state[{path!r}]: the key path is longer than {MAX_NAME} characters")
         try:
-            check_dtype(v.dtype)
+            check_array(v)
         except ProtectError as e:
             raise ProtectError(f"state[{path!r}]: {e}") from None
         arrays.append((path, v if v.flags.c_contiguous else np.ascontiguousarray(v), top))
         return {"$array": path}
-    if v is None or isinstance(v, (bool, str)):
-        return v
-    if isinstance(v, np.generic):
+    if isinstance(v, np.generic):           # before str and float: np.str_ and np.float64 subclass them
         try:
             check_dtype(v.dtype)
         except ProtectError as e:
-            raise ProtectError(f"state[{path!r}]: {e}") from None
-        return {"$scalar": [v.dtype.str, v.tobytes().hex()]}
-    if isinstance(v, int):
-        return int(v)
-    if isinstance(v, float):
+            raise ProtectError(f"state[{path or top!r}]: {e}") from None
+        raw = v.tobytes() if v.dtype.itemsize else b""      # np.str_("").tobytes() is not empty
+        return {"$scalar": [v.dtype.str, raw.hex()]}
+    kind = type(v)
+    if v is None or kind in (bool, str):
+        return v
+    if kind is int:
+        return v if v.bit_length() <= BIG_INT_BITS else {"$int": format(v, "x")}
+    if kind is float:
         return {"$float": _float_hex(v)}
-    if isinstance(v, complex):
+    if kind is complex:
         return {"$complex": [_float_hex(v.real), _float_hex(v.imag)]}
-    if isinstance(v, bytes):
+    if kind is bytes:
         return {"$bytes": v.hex()}
-    if isinstance(v, (list, tuple)):
+    if kind in (list, tuple):
         enc = [_encode(x, None, top, arrays, depth + 1) for x in v]
-        return enc if isinstance(v, list) else {"$tuple": enc}
-    if isinstance(v, dict):
+        return enc if kind is list else {"$tuple": enc}
+    if kind is dict:
         out = {}
         for k, x in v.items():
             if not isinstance(k, str):
-                raise ProtectError(f"state[{path!r}]: dict keys must be str, got {k!r}")
+                raise ProtectError(f"state[{path or top!r}]: dict keys must be str, got {k!r}")
             sub = None
             if path is not None and PATH_KEY_RE.match(k):
                 sub = f"{path}.{k}"
-            elif _holds_array(x):
+            elif path is not None and _holds_array(x):
                 raise ProtectError(f"state[{path!r}]: key {k!r} leads to an array, so it must be 1-128 letters, "
                                    "digits, '_' or '-'")
             out[k] = _encode(x, sub, top, arrays, depth + 1)
         return {"$dict": out}
-    raise ProtectError(f"state[{path or top!r}]: a {type(v).__name__} cannot be checkpointed; use NumPy "
+    base = next((b for b in _BASE_TYPES if isinstance(v, b)), None)
+    if base is not None:
+        raise ProtectError(f"state[{path or top!r}]: {kind.__name__} is a subclass of {base.__name__} and would "
+                           f"come back as a plain {base.__name__}; pass {base.__name__}(value)")
+    raise ProtectError(f"state[{path or top!r}]: a {kind.__name__} cannot be checkpointed; use NumPy "
                        "arrays, numbers, str, bool, None, bytes, and lists/tuples/dicts of them")
+
+
+def overlapping(state, names):
+    """Local: the ``names`` (protected arrays) that a state dict also holds, at the same path of
+    keys (``"a"``, or ``"n.x"`` for ``state["n"]["x"]``)."""
+    found = []
+    for name in names:
+        d = state
+        for part in name.split("."):
+            if not isinstance(d, dict) or part not in d:
+                break
+            d = d[part]
+        else:
+            found.append(name)
+    return found
+
+
+def is_plain_array(v):
+    """True for an ndarray that restart() may fill in place (not a masked array or matrix)."""
+    return type(v) is np.ndarray or isinstance(v, np.memmap)
 
 
 def _holds_array(v):
@@ -183,7 +220,7 @@ def _float_hex(x):
 
 def document_bytes(document):
     """The state document as the bytes stored in the checkpoint (canonical JSON)."""
-    return json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
 
 
 def document_array(document):
@@ -232,6 +269,9 @@ def _check_encoded(enc, depth):
     if tag == "$array":
         if not isinstance(body, str) or not body or len(body) > MAX_NAME:
             raise ValueError("bad array reference")
+    elif tag == "$int":
+        if not isinstance(body, str) or not _INT_HEX_RE.match(body):
+            raise ValueError("bad int")
     elif tag in ("$float", "$bytes"):
         _hex(body, 16 if tag == "$float" else None)
     elif tag == "$complex":
@@ -275,6 +315,8 @@ def decode(enc, arrays):
     (tag, body), = enc.items()
     if tag == "$array":
         return arrays[body]
+    if tag == "$int":
+        return int(body, 16)
     if tag == "$float":
         return struct.unpack(">d", bytes.fromhex(body))[0]
     if tag == "$complex":
@@ -282,10 +324,20 @@ def decode(enc, arrays):
     if tag == "$bytes":
         return bytes.fromhex(body)
     if tag == "$scalar":
-        return np.frombuffer(bytes.fromhex(body[1]), np.dtype(body[0]))[0]
+        return _scalar(np.dtype(body[0]), bytes.fromhex(body[1]))
     if tag == "$tuple":
         return tuple(decode(x, arrays) for x in body)
     return {k: decode(x, arrays) for k, x in body.items()}
+
+
+def _scalar(dtype, raw):
+    """The NumPy scalar of ``dtype`` whose bytes are ``raw``. np.bytes_ and np.str_ are made from
+    their bytes directly: an array's item would drop trailing NULs."""
+    if dtype.kind == "S":
+        return np.bytes_(raw)
+    if dtype.kind == "U":
+        return np.str_(raw.decode("utf-32-be" if dtype.str[0] == ">" else "utf-32-le", "surrogatepass"))
+    return np.frombuffer(raw, dtype)[0]
 
 
 def array_refs(enc):
@@ -345,7 +397,7 @@ def _plan_dict(target, items, shapes, reads, assign, prefix, where):
         if isinstance(enc, dict) and "$array" in enc:
             name = enc["$array"]
             shape, dtype = shapes[name]
-            if isinstance(current, np.ndarray) and current.shape == shape and current.dtype.str == dtype \
+            if is_plain_array(current) and current.shape == shape and current.dtype.str == dtype \
                     and current.flags.writeable:
                 reads.append((name, current))           # filled in place: the same object
                 continue

@@ -141,3 +141,38 @@ def test_replicated_values_that_differ_are_refused(root):
     errors = res.lines("ERROR")
     assert len(errors) == 4 and all(e.startswith("ProtectError") and "'state.params'" in e for e in errors), str(res)
     assert not glob.glob(os.path.join(root, "node*", "sim", "step_*", "rank_*.json")), "nothing committed"
+
+
+def edge(root, case, *args, level="local"):
+    res = run_mpi(4, "state_edge_app.py", "--cache", os.path.join(root, "node{node}"), "--pfs",
+                  os.path.join(root, "pfs"), "--case", case, "--level", level, *args, timeout=120)
+    assert res.returncode == 0, str(res)
+    return res
+
+
+@pytest.mark.parametrize("level", ["partner", "pfs"])
+def test_numpy_strings_huge_ints_and_key_order_come_back_exactly(root, level):
+    """np.str_/np.bytes_ with trailing NULs, a 19,000-bit int, unsorted dict keys: the node of
+    rank 1 lost (partner) or every cache lost (pfs), and each value is back with its type."""
+    assert edge(root, "values", level=level).lines("OK") == ["1"] * 4
+    doomed = glob.glob(os.path.join(root, "node1" if level == "partner" else "node*"))
+    assert doomed
+    for d in doomed:
+        shutil.rmtree(d)
+    res = edge(root, "values", "--restore")
+    assert res.lines("RESTART") == ["1"] * 4 and res.lines("MATCH") == [""] * 4, str(res)
+
+
+def test_a_masked_array_on_one_rank_is_refused_on_every_rank(root):
+    res = edge(root, "one-rank-masked")
+    errors = res.lines("ERROR")
+    assert len(errors) == 4 and all(e.startswith("ProtectError") and "mask" in e for e in errors), str(res)
+    assert res.lines("OK") == ["2"] * 4, "the application goes on and checkpoints again"
+
+
+def test_restart_refuses_a_name_both_protected_and_in_the_state_dict(root):
+    edge(root, "overlap")
+    res = edge(root, "overlap", "--restore")
+    errors = res.lines("ERROR")
+    assert len(errors) == 4 and all(e.startswith("ProtectError") and "['a']" in e for e in errors), str(res)
+    assert not res.lines("TOUCHED")

@@ -1,5 +1,7 @@
 """State dicts (hpcckpt/state.py), in one process: flattening, the JSON document, bit-exact
 values, restore plans (in place vs replaced), mismatches that name their keys, damaged documents."""
+import collections
+import enum
 import math
 import struct
 
@@ -53,6 +55,61 @@ def test_values_come_back_bit_for_bit_with_their_types():
              "rng": np.random.default_rng(5).bit_generator.state}
     out, _ = round_trip(state)
     assert same(state, out)
+
+
+def test_numpy_strings_huge_ints_and_dict_order_come_back_exactly():
+    state = {"s": np.str_("ab\x00"), "s0": np.str_(""), "surrogate": np.str_("\ud800x"), "b": np.bytes_(b"ab\x00"),
+             "b0": np.bytes_(b""), "huge": 2 ** 20000 + 1, "neg_huge": -(10 ** 4400), "order": {"z": 1, "a": 2},
+             "listed": [{"z": 1, "a": 2}]}
+    out, _ = round_trip(state)
+    assert same(state, out)
+    for key in ("s", "s0", "surrogate", "b", "b0"):
+        assert out[key].dtype == state[key].dtype and str(out[key]) == str(state[key]), key
+    assert list(out["order"]) == ["z", "a"] and list(out["listed"][0]) == ["z", "a"]
+
+
+class Mode(enum.IntEnum):
+    FAST = 1
+
+
+class Seconds(float):
+    pass
+
+
+class Tagged(np.ndarray):
+    pass
+
+
+@pytest.mark.parametrize("value,text", [
+    (Mode.FAST, "subclass of int"), (collections.namedtuple("P", "x y")(1, 2), "subclass of tuple"),
+    (collections.OrderedDict(a=1), "subclass of dict"), (collections.defaultdict(int), "subclass of dict"),
+    (Seconds(2.0), "subclass of float"), (np.ma.array([1.0, 2.0], mask=[0, 1]), "without its mask"),
+    (np.arange(2.0).view(Tagged), "np.asarray"), (np.zeros((1,) * 33), "33 dimensions"),
+    (np.zeros(2, "M8[2147483647as]"), "longer than 16"), ([{"a": np.zeros(2)}], "inside a list")])
+def test_what_would_not_come_back_as_it_was_is_refused(value, text):
+    with pytest.raises(ProtectError) as e:
+        st.flatten({"x": value})
+    assert text in str(e.value) and "'x'" in str(e.value)
+
+
+def test_the_state_entry_name_is_reserved():
+    with pytest.raises(ProtectError, match="reserved"):
+        st.flatten({st.STATE_ENTRY: np.zeros(2)})
+
+
+def test_a_masked_placeholder_is_replaced_not_filled():
+    flat = st.flatten({"u": np.arange(3.0)})
+    doc = st.parse_document(st.document_bytes(flat.document), "t")
+    masked = np.ma.zeros(3)
+    target = {"u": masked}
+    plan = st.plan_restore(target, doc["items"], {"u": ((3,), "<f8")}, "t")
+    assert all(dst is not masked for _, dst in plan.reads)
+    plan.apply()
+    assert type(target["u"]) is np.ndarray
+
+
+def test_overlapping_names_follow_the_key_path():
+    assert st.overlapping({"a": None, "n": {"x": 1}, "m": 3}, ["a", "n.x", "n.y", "m.x", "b"]) == ["a", "n.x"]
 
 
 def test_mt19937_generator_state_with_its_key_array_round_trips():
