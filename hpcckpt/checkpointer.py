@@ -137,9 +137,10 @@ class Checkpointer:
                 self.config = Config.load(config, **overrides)
                 self.policy = self._make_policy()
                 h = _settings_digest(self.config)
-                c.words = [h, U64_MAX - h]
+                c.words = [h, U64_MAX - h, 0 if _thread_multiple() else 1]
             if c.result[0] != U64_MAX - c.result[1]:
                 self._settings_differ()
+            self._threads = not c.result[2]     # every rank has MPI_THREAD_MULTIPLE: background work may run
             _setup_logging(self.config, comm.rank)
             if _node_map is not None and self.config.ranks_per_node == "auto":
                 self.topology = Topology.given(self._comm, _node_map)     # pinned (hpcckpt.online)
@@ -346,6 +347,7 @@ class Checkpointer:
 
     def unprotect(self, name):
         """Local: stop protecting ``name``."""
+        self._check_open()
         if self._arrays.pop(name, None) is None:
             raise ProtectError(f"array {name!r} is not protected")
 
@@ -368,9 +370,14 @@ class Checkpointer:
         """Collective: the level due at ``step`` (decided on rank 0, the same on every rank), or None."""
         self._check_open()
         with Collective(self._comm, f"need_checkpoint({step!r})") as c:
+            step = _check_step(step)
             due = _LEVEL_CODE.get(self.policy.decide(step), 0) if self.comm.rank == 0 else 0
-            c.words = [due, 1 if slurm.stop_requested() else 0]
-        code, stop = c.result
+            c.words = [due, 1 if slurm.stop_requested() else 0, step, U64_MAX - step]
+        code, stop, hi, lo = c.result
+        if hi != U64_MAX - lo:
+            raise mark_collective(HpcCkptError(
+                f"the ranks disagree on need_checkpoint(step): steps {U64_MAX - lo}..{hi}; every rank must make "
+                "the same call"))
         level = LEVELS[code - 1] if code else None
         if stop and not self._stopping:
             self._stopping = True           # every rank sees this at the same step
@@ -408,7 +415,7 @@ class Checkpointer:
 
         # 1. the same call on every rank; rank 0's checkpoint id comes with it
         with Collective(self._comm, f"checkpoint({step!r}, level={level!r})") as c:
-            self._check_checkpoint_args(step, level, state)
+            step = self._check_checkpoint_args(step, level, state)
             ident = uuid.uuid4().int if self.comm.rank == 0 else 0
             code = _LEVEL_CODE[level]
             names = _digest_int(sorted(self._arrays))      # protect() names: the same on every rank
@@ -427,7 +434,7 @@ class Checkpointer:
 
         spec = SPECS[level]
         threads = (spec.redundant and self.config.background
-                   or spec.flush and (self.config.async_flush or self.config.background)) and _threads_ok()
+                   or spec.flush and (self.config.async_flush or self.config.background)) and self._threads_ok()
         later_redundancy = spec.redundant and self.config.background and threads
         # a sync pfs step with pfs_direct_io: the pfs files are laid out first, filled while the cache copy is made
         early_flush = spec.flush and not threads and self.config.direct_io and self.config.write_method == "mmap"
@@ -612,8 +619,8 @@ class Checkpointer:
             log.warning("rank %d: could not clean up failed step %d: %s", self.comm.rank, step, e)
 
     def _check_checkpoint_args(self, step, level, state):
-        if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or not 0 <= step <= mf.MAX_STEP:
-            raise HpcCkptError(f"step must be an integer from 0 to {mf.MAX_STEP}, got {step!r}")
+        """Local: raise on a bad call; return the step as a Python int."""
+        step = _check_step(step)
         if level not in LEVELS:
             raise HpcCkptError(f"unknown level {level!r}; levels are {', '.join(LEVELS)}")
         if state is not None and not isinstance(state, dict):
@@ -623,6 +630,16 @@ class Checkpointer:
         if self._last_step is not None and step <= self._last_step:
             raise HpcCkptError(f"step {step} is not newer than the last checkpoint or restart step "
                                f"{self._last_step}; steps must increase")
+        return step
+
+    def _threads_ok(self):
+        """Local: True when background work may run in a thread (the same on every rank); rank 0
+        warns once when it may not."""
+        if not self._threads and self.comm.rank == 0 and "threads" not in self._warned:
+            self._warned.add("threads")
+            log.warning("background work (async_flush, background) needs MPI_THREAD_MULTIPLE on every rank; "
+                        "working synchronously")
+        return self._threads
 
     def _report_lost_flush(self, flush_error):
         if flush_error is not None and self.comm.rank == 0:
@@ -978,12 +995,13 @@ class Checkpointer:
     def _pfs_store(self):
         """Collective: the PfsStore (created, and its directory locked, on first use)."""
         if self._pfs is None:
-            self._pfs = PfsStore(self.config, self._comm, self.topology)
-            with Collective(self._comm, f"locking {self._pfs.root}"):
+            store = PfsStore(self.config, self._comm, self.topology)
+            with Collective(self._comm, f"locking {store.root}"):
                 if self.comm.rank == 0:
-                    self._locks.append(DirLock(os.path.join(self._pfs.root, ".lock"),
-                                               f"job name {self.config.name!r} in {self._pfs.root}",
+                    self._locks.append(DirLock(os.path.join(store.root, ".lock"),
+                                               f"job name {self.config.name!r} in {store.root}",
                                                self.config.file_mode))
+            self._pfs = store        # only once locked: a failed lock is tried again at the next use
         return self._pfs
 
     def _pfs_listing(self):
@@ -1136,12 +1154,16 @@ def revoke(comm):
         pass
 
 
-def _threads_ok():
+def _check_step(step):
+    """Local: ``step`` as a Python int; HpcCkptError unless it is an integer from 0 to MAX_STEP."""
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or not 0 <= step <= mf.MAX_STEP:
+        raise HpcCkptError(f"step must be an integer from 0 to {mf.MAX_STEP}, got {step!r}")
+    return int(step)
+
+
+def _thread_multiple():
     from mpi4py import MPI
-    if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
-        return True
-    log.warning("background work (async_flush, background) needs MPI_THREAD_MULTIPLE; working synchronously")
-    return False
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
 
 def _should_abort(exc):

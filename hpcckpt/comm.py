@@ -82,10 +82,13 @@ def is_collective(exc):
 
 
 def _report(exc):
-    """What one rank says about its failure: (HpcCkptError class name or None, message)."""
+    """What one rank says about its failure: (HpcCkptError class name or None, message, whether
+    it was agreed already: then the message is its whole text, which names the failing ranks)."""
     if isinstance(exc, HpcCkptError):
-        return type(exc).__name__, getattr(exc, "hpcckpt_reason", None) or str(exc)
-    return None, _describe(exc)
+        if is_collective(exc):
+            return type(exc).__name__, str(exc), True
+        return type(exc).__name__, getattr(exc, "hpcckpt_reason", None) or str(exc), False
+    return None, _describe(exc), False
 
 
 def reduce_max(comm, words):
@@ -134,14 +137,17 @@ def agree(comm, exc=None, what="operation", words=()):
     if comm.rank == 0:
         failures = {r: rep for r, rep in enumerate(reports) if rep is not None}
         first = min(failures)
-        cls_name, message = failures[first]
-        where = f" on rank {first}" if comm.size > 1 else ""
-        text = f"{what} failed{where}: {message}"
-        others = sorted(failures)[1:]
-        if others:
-            text += f" (and on {len(others)} more rank{'s' if len(others) > 1 else ''}: " \
-                    f"{', '.join(map(str, others[:8]))}{', …' if len(others) > 8 else ''})"
-        detail = {r: m for r, (_, m) in list(failures.items())[:64]}
+        cls_name, message, agreed = failures[first]
+        if len(failures) == comm.size and all(rep[2] for rep in failures.values()):
+            text = f"{what}: {message}"     # one error agreed before, on every rank: it names its ranks
+        else:
+            where = f" on rank {first}" if comm.size > 1 else ""
+            text = f"{what} failed{where}: {message}"
+            others = sorted(failures)[1:]
+            if others:
+                text += f" (and on {len(others)} more rank{'s' if len(others) > 1 else ''}: " \
+                        f"{', '.join(map(str, others[:8]))}{', …' if len(others) > 8 else ''})"
+        detail = {r: m for r, (_, m, _) in list(failures.items())[:64]}
         decision = (cls_name, text, message, detail)
     else:
         decision = None

@@ -3,6 +3,7 @@
 With ``abort_on_error`` (the default) an exception that leaves ``with Checkpointer`` on one rank,
 or is uncaught after it, prints that rank's traceback and aborts the job in seconds; an
 interrupt inside a collective call is agreed on, so the other ranks raise too instead of waiting.
+Calls that the ranks make differently (need_checkpoint with other steps) are told so on every rank.
 Every job runs under the harness timeout: a hang fails the test instead of blocking it."""
 import json
 import os
@@ -67,3 +68,28 @@ def test_scavenge_right_after_an_async_pfs_checkpoint(shm_dir):
     res, _ = fail(shm_dir, "async-scavenge", config={"async_flush": True})
     assert res.returncode == 0 and "DONE" in res.stdout, str(res)
     assert res.lines("SCAVENGED") == ["None"], str(res)      # pfs already has step 1 once the flush is done
+
+
+def calls(shm_dir, case, *args):
+    res = run_mpi(4, "calls_app.py", "--cache", os.path.join(shm_dir, "node{node}"), "--case", case, *args,
+                  timeout=120)
+    assert res.returncode == 0, str(res)
+    return res
+
+
+def test_ranks_that_pass_need_checkpoint_other_steps_are_told_so(shm_dir):
+    """need_checkpoint(step) with a different step per rank, or a bad step on rank 0 only: the same
+    HpcCkptError on every rank (rank 0 alone would otherwise decide for a step the others are not at)."""
+    res = calls(shm_dir, "need-disagree")
+    errors = res.lines("ERROR")
+    assert len(errors) == 8 and all(e.startswith("HpcCkptError") for e in errors), str(res)
+    assert sum("ranks disagree on need_checkpoint(step): steps 0..3" in e for e in errors) == 4, str(res)
+    assert sum("step must be an integer" in e for e in errors) == 4, str(res)
+    assert res.lines("OK") == ["2"] * 4
+
+
+@pytest.mark.parametrize("thread_level", ["funneled", "serialized"])
+def test_background_without_thread_multiple_works_synchronously_with_one_warning(thread_level, shm_dir):
+    res = calls(shm_dir, "thread-level", "--thread-level", thread_level)
+    assert res.lines("OK") == ["0"] * 4 + ["1"] * 4 + ["2"] * 4, str(res)
+    assert res.stderr.count("needs MPI_THREAD_MULTIPLE") == 1, str(res)

@@ -70,7 +70,7 @@ def test_background_failure_is_raised_at_the_next_checkpoint_on_every_rank(level
     fails = res.lines("CKPTFAIL")
     assert len(fails) == NPROCS, str(res)
     assert all(f.startswith("14 CheckpointWriteError") and "background" in f and "step 14 was checkpointed" in f
-               for f in fails), fails
+               and "failed on rank 2:" in f and "rank 0" not in f for f in fails), fails     # names the rank that failed
     assert outputs(str(tmp_path / "out")) == reference
     # the failed step never got its level's marker; step 14 (taken all the same) and 19 did
     res = app(cache, level, "--no-restart", "--steps", 0)

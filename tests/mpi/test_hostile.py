@@ -291,11 +291,13 @@ def test_planted_pfs_step_symlink_is_not_followed_or_deleted_through(pfs_env):
 
 
 # ---------------------------------------------------------------------- bad arguments, config
-@pytest.mark.parametrize("what", ["non-contiguous", "object", "read-only", "structured", "list", "bad name"])
+@pytest.mark.parametrize("what", ["non-contiguous", "object", "read-only", "structured", "list", "bad name", "masked",
+                                  "subclass", "33 dimensions", "long dtype name"])
 def test_protect_refuses(what, tmp_path):
     a = {"non-contiguous": np.zeros((4, 4))[:, 1], "object": np.array([None, 1], dtype=object),
          "read-only": np.zeros(3), "structured": np.zeros(2, dtype=[("a", "<f8")]), "list": [1, 2],
-         "bad name": np.zeros(3)}[what]
+         "bad name": np.zeros(3), "masked": np.ma.zeros(3), "subclass": np.zeros(3).view(_Tagged),
+         "33 dimensions": np.zeros((1,) * 33), "long dtype name": np.zeros(2, "M8[2147483647as]")}[what]
     if what == "read-only":
         a.flags.writeable = False
     with make(str(tmp_path)) as ck:
@@ -313,6 +315,34 @@ def test_config_out_of_range(kw, tmp_path):
         make(str(tmp_path), **kw)
     assert "Traceback" not in str(e.value)
     record("hostile", {"case": f"config {kw}", "order": 6, "outcome": f"ConfigError: {e.value}"[:200]})
+
+
+class _Tagged(np.ndarray):
+    pass
+
+
+def test_numpy_integer_steps_are_steps(tmp_path):
+    """for step in np.arange(...): NumPy integers are taken as the steps they are."""
+    with make(str(tmp_path)) as ck:
+        ck.protect("a", np.arange(3.0))
+        for step in (np.int64(3), np.int32(4), np.uint64(5)):
+            ck.need_checkpoint(step)
+            assert ck.checkpoint(step, level="local").step == int(step)
+    with make(str(tmp_path)) as ck:
+        ck.protect("a", np.zeros(3))
+        step = ck.restart()
+        assert type(step) is int and step == 5
+
+
+def test_bad_calls_name_themselves(tmp_path):
+    with make(str(tmp_path)) as ck:
+        ck.protect("a", np.zeros(3))
+        for bad in ("x", -1, 2.5, True):
+            with pytest.raises(errors.HpcCkptError, match="step must be an integer"):
+                ck.need_checkpoint(bad)
+    for call in (lambda: ck.unprotect("a"), lambda: ck.protect("b", np.zeros(2)), lambda: ck.need_checkpoint(1)):
+        with pytest.raises(errors.HpcCkptError, match="closed"):
+            call()
 
 
 @pytest.mark.parametrize("level", ["l9", "", None])

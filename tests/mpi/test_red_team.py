@@ -100,6 +100,30 @@ def test_two_jobs_of_the_same_name_are_refused(shm_dir):
             mpi_launch.kill_job(holder)
 
 
+def test_a_job_refused_the_pfs_directory_stays_refused(shm_dir, tmp_path):
+    """Red team 3: a second job of the same name with its own caches but the same pfs directory
+    gets ConcurrentJobError at every pfs checkpoint while the first job holds it (not only at
+    the first), and never writes a step there (the first job would restart from it)."""
+    pfs = os.path.join(shm_dir, "pfs")
+    script = os.path.join(shm_dir, "hold_pfs.py")
+    with open(script, "w") as f:
+        f.write("import time\nimport numpy as np\nfrom mpi4py import MPI\nimport hpcckpt\n"
+                f"c = hpcckpt.Checkpointer(MPI.COMM_WORLD, name='app', cache_dir={os.path.join(shm_dir, 'a{node}')!r}, "
+                f"pfs_dir={pfs!r}, ranks_per_node=1)\nc.checkpoint(1, {{'x': np.zeros(3)}}, level='pfs')\n"
+                "if MPI.COMM_WORLD.rank == 0: print('HOLDING', flush=True)\ntime.sleep(60)\n")
+    with mpi().cleanup():
+        holder = popen_mpi(2, [sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            assert readline(holder, TIMEOUT).strip() == "HOLDING"
+            res = job(str(tmp_path), 2, "--steps", 15, "--level", "pfs", "--no-restart", pfs=pfs)
+            fails = res.lines("CKPTFAIL")
+            assert res.returncode == 0 and sorted({f.split()[0] for f in fails}) == ["14", "4", "9"] and all(
+                f.split()[1] == "ConcurrentJobError" for f in fails), str(res)
+            assert steps_in(os.path.join(pfs, "app")) == [1], "the refused job wrote into the pfs directory"
+        finally:
+            mpi_launch.kill_job(holder)
+
+
 def test_start_fresh_removes_the_earlier_runs_checkpoints_after_its_first(shm_dir, tmp_path):
     assert job(shm_dir, 4, "--steps", 20, "--level", "pfs").returncode == 0       # 14, 19 in cache and pfs
     res = job(shm_dir, 4, "--steps", 7, config={"start": "fresh"})              # local 4 only
