@@ -126,6 +126,13 @@ def render(d):
             "| class | outcome now | mechanism | test |", "|---|---|---|---|"]
     for row in RED_TEAM:
         out.append("| " + " | ".join(row) + " |")
+    out += ["", "A second review (2026-12-06) wrote applications that hand the library unusual state and make "
+            "unusual calls (every dtype, value type and container; masked arrays; NumPy-integer steps; one rank "
+            "failing; misuse; kills, signals and application MPI traffic while background work runs). It found no "
+            "hang and no wrong restored byte; these classes did not behave as documented and are fixed:", "",
+            "| class | outcome now | mechanism | test |", "|---|---|---|---|"]
+    for row in RED_TEAM_2:
+        out.append("| " + " | ".join(row) + " |")
     soak = load(d, "soak")
     out += ["", "## Running long", ""]
     for s in soak:
@@ -184,6 +191,40 @@ RED_TEAM = [
      "test_xor_rebuild_makes_private_directories, test_read_only_pfs_dir"),
     ("CI ran 26 of the 777 matrix cases", "the default subset plus a rotating slice chosen from the commit",
      "tests/mpi/conftest.py deselects the rest", "tests/unit/test_matrix_slice.py"),
+]
+
+RED_TEAM_2 = [
+    ("a job refused the pfs directory (ConcurrentJobError) wrote into it at its next pfs checkpoint; the other "
+     "job's relaunch then restored that job's step", "ConcurrentJobError at every pfs use while the other job "
+     "holds it", "the pfs store is kept only once its directory is locked", "test_red_team: "
+     "test_a_job_refused_the_pfs_directory_stays_refused"),
+    ("checkpoint() accepted what restart() could not read back: more than 32 dimensions, a dtype name over 16 "
+     "characters (the checkpoint was silently lost)", "ProtectError at protect()/checkpoint()",
+     "manifest.check_array: the reader's own limits, applied when saving", "test_state_dict: "
+     "test_what_would_not_come_back_as_it_was_is_refused; test_hostile: test_protect_refuses"),
+    ("a masked array (an ndarray subclass) failed deep inside the write; as a placeholder, restart() failed half-way "
+     "after filling other arrays", "ProtectError naming it; a masked placeholder is replaced by a plain array",
+     "only plain ndarrays (and np.memmap) are saved or filled in place", "test_state: "
+     "test_a_masked_array_on_one_rank_is_refused_on_every_rank"),
+    ("np.str_ came back as str, np.bytes_ lost trailing NULs; IntEnum, namedtuple, OrderedDict, float subclasses "
+     "came back as their base type; dict keys came back sorted; ints over 4300 digits failed", "each value back "
+     "with its type, its bytes and its key order, or a ProtectError naming the subclass", "NumPy scalars before "
+     "str; exact types; unsorted JSON; {\"$int\": hex} for big ints", "test_state: "
+     "test_numpy_strings_huge_ints_and_key_order_come_back_exactly"),
+    ("checkpoint(np.int64(3)) raised CollectiveError (OverflowError); need_checkpoint() took a bad or differing "
+     "step silently", "NumPy integer steps work; a bad or differing step is an HpcCkptError on every rank",
+     "the step is checked and made an int; need_checkpoint agrees on it in its reduction",
+     "test_hostile: test_numpy_integer_steps_are_steps; test_abort: "
+     "test_ranks_that_pass_need_checkpoint_other_steps_are_told_so"),
+    ("a background failure on rank 2 was reported as \"failed on rank 0 ... (and on 3 more ranks)\"", "the "
+     "failing rank is named", "an error agreed before keeps its text when agreed again", "test_background: "
+     "test_background_failure_is_raised_at_the_next_checkpoint_on_every_rank"),
+    ("restart() filled both a protected array and a state key of the same name", "ProtectError, as at checkpoint()",
+     "state.overlapping, checked before anything is read", "test_state: "
+     "test_restart_refuses_a_name_both_protected_and_in_the_state_dict"),
+    ("without MPI_THREAD_MULTIPLE the warning came from every rank at every checkpoint", "one warning, from rank 0",
+     "the thread level is agreed at start-up", "test_abort: "
+     "test_background_without_thread_multiple_works_synchronously_with_one_warning"),
 ]
 
 
