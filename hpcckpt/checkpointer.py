@@ -575,6 +575,9 @@ class Checkpointer:
             layouts = {}
             for key in state:
                 layout = self._layouts.get(key, st.PER_RANK)
+                if layout.kind in ("block", "rows") and not isinstance(state[key], np.ndarray):
+                    raise ProtectError(f"state[{key!r}]: a {layout.kind} layout needs an array, not a "
+                                       f"{type(state[key]).__name__} (declare REPLICATED, ROOT or no layout for it)")
                 if layout.kind != "rank":
                     layouts[key] = layout.to_json()
                 if layout.kind == "root" and self.comm.rank != 0:
@@ -726,7 +729,10 @@ class Checkpointer:
             ok = {f.step: f for f in found if f.state == "ok"}
             incompatible = [f for f in found if f.state == "incompatible"]
             damaged = [f for f in found if f.state == "damaged"]
-            pfs = self._pfs_listing() if self.comm.rank == 0 else {}     # {step: (epoch, ckpt_id)}
+            skipped = []
+            pfs = self._pfs_listing(skipped) if self.comm.rank == 0 else {}     # {step: (epoch, ckpt_id)}
+            for pfs_step, reason in skipped[-4:]:
+                log.warning("pfs step %d cannot be used: %s", pfs_step, reason)
             keys = [f.key for f in ok.values()] + [mf.order_key(e, s) for s, (e, _) in pfs.items()]
             epochs = [mf.split_key(k)[0] for k in keys] + [f.manifest.epoch for f in incompatible if f.manifest]
             inc_key = max((f.key or 0 for f in incompatible), default=0)
@@ -1004,11 +1010,12 @@ class Checkpointer:
             self._pfs = store        # only once locked: a failed lock is tried again at the next use
         return self._pfs
 
-    def _pfs_listing(self):
+    def _pfs_listing(self, skipped=None):
         """Local (rank 0): {step: (epoch, ckpt_id)} of this job's committed pfs steps ({} when
-        pfs_dir has none); reads the directory without creating anything."""
+        pfs_dir has none); reads the directory without creating anything. ``skipped``: a list
+        that receives (step, reason) for each committed step whose index cannot be used."""
         return pfs_listing(os.path.join(self.config.pfs_dir, self.config.name), self.config.name,
-                           max_index_bytes(self.comm.size))
+                           max_index_bytes(self.comm.size), skipped)
 
     def _flush_to_pfs(self, manifest, pending=None):
         """Collective: write the committed cache step of ``manifest`` to the pfs level (finish

@@ -102,9 +102,10 @@ def items_from_arrays(arrays):
     return out
 
 
-def listing(root, name=None, max_bytes=None):
-    """Local: {step: (epoch, ckpt_id)} of the committed steps of the job directory ``root``."""
-    return _listing(root, name, max_bytes)
+def listing(root, name=None, max_bytes=None, skipped=None):
+    """Local: {step: (epoch, ckpt_id)} of the committed steps of the job directory ``root``
+    (``skipped``: see pfs_index.listing)."""
+    return _listing(root, name, max_bytes, skipped)
 
 
 class PfsStore:
@@ -457,6 +458,22 @@ class PfsStore:
                 plan.apply()
         finally:
             reader.close()
+        if self.rank == 0:
+            self._warn_if_master_damaged(step_dir, index)
+
+    @staticmethod
+    def _warn_if_master_damaged(step_dir, index):
+        """Local (rank 0, after a restore, which reads only the node files): say so when the
+        step's master file, the way HDF5 tools open it, is missing or does not match its checksum."""
+        path = os.path.join(step_dir, MASTER)
+        try:
+            files.regular_file(path)
+            ok = files.file_digest(path) == index.master_checksum
+        except (HpcCkptError, OSError):
+            ok = False
+        if not ok:
+            log.warning("pfs step %d was restored from its node files, but its master file %s is missing or damaged "
+                        "(HDF5 tools open the step through it; `hpcckpt verify` names the damage)", index.step, path)
 
     def _plan(self, index, doc0, reader, protected, state, layouts):
         """Local: [(array index, "block"|"box", source rank or (offset, shape), target array)]

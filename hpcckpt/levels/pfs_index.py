@@ -265,9 +265,11 @@ def committed_steps(root):
 _LISTING_CACHE = {}
 
 
-def listing(root, name=None, max_bytes=None):
+def listing(root, name=None, max_bytes=None, skipped=None):
     """Local: {step: (epoch, ckpt_id)} of the committed steps under ``root`` whose index is
-    readable (and names job ``name``). Indexes are parsed once per (path, size, mtime)."""
+    readable (and names job ``name``). Indexes are parsed once per (path, size, mtime). The
+    committed steps whose index cannot be used are appended to the list ``skipped`` as (step,
+    reason), when given."""
     out = {}
     for step in committed_steps(root):
         step_dir = os.path.join(root, mf.step_dir_name(step))
@@ -281,6 +283,7 @@ def listing(root, name=None, max_bytes=None):
                 index = read_index(step_dir, name, max_bytes, step)
                 _LISTING_CACHE[key] = (index.epoch, index.ckpt_id)
             out[step] = _LISTING_CACHE[key]
-        except (HpcCkptError, OSError):
-            continue
+        except (HpcCkptError, OSError) as e:
+            if skipped is not None:
+                skipped.append((step, str(e)))
     return out

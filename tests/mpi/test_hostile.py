@@ -6,6 +6,7 @@ cases run in this process on MPI.COMM_SELF (a restart of one rank reads exactly 
 real job reads); the CLI runs as a subprocess.
 """
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -258,6 +259,43 @@ def test_crafted_pfs_step_is_refused_and_restart_falls_back(attack, pfs_env):
     record("hostile", {"case": f"pfs: {attack}", "order": 4, "outcome": "CorruptCheckpointError; falls back to pfs step 1"})
 
 
+class _Captured(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@pytest.mark.parametrize("damage", ["index garbage", "master flipped", "master deleted"])
+def test_a_damaged_pfs_index_or_master_is_named_at_restart(damage, pfs_env):
+    """A step whose index cannot be read is skipped (restart falls back to step 1), one whose
+    master file is damaged is restored from its node files (step 5): each with a warning naming it."""
+    root, step, _ = pfs_env
+    if damage == "index garbage":
+        open(os.path.join(step, "COMMITTED.json"), "w").write("{not json")
+    elif damage == "master flipped":
+        with open(os.path.join(step, "checkpoint.h5"), "r+b") as f:
+            f.seek(100)
+            byte = f.read(1)
+            f.seek(100)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    else:
+        os.unlink(os.path.join(step, "checkpoint.h5"))
+    captured = _Captured()
+    logging.getLogger("hpcckpt").addHandler(captured)
+    try:
+        got = restart(root, log_level="WARNING")
+    finally:
+        logging.getLogger("hpcckpt").removeHandler(captured)
+    if damage == "index garbage":
+        assert got == 1 and any(line.startswith("pfs step 5 cannot be used") for line in captured.lines), captured.lines
+    else:
+        assert got == 5 and any("pfs step 5 was restored from its node files, but its master file" in line
+                                for line in captured.lines), captured.lines
+
+
 def test_master_with_an_absolute_link_fails_verify(pfs_env):
     from mpi4py import MPI
     from hpcckpt.config import Config
@@ -319,6 +357,17 @@ def test_config_out_of_range(kw, tmp_path):
 
 class _Tagged(np.ndarray):
     pass
+
+
+@pytest.mark.parametrize("layout", ["block", "rows"])
+def test_a_global_layout_on_a_value_that_is_not_an_array_is_refused(layout, tmp_path):
+    """Block/ROWS place an array's pieces; a plain value under them could not be placed on
+    another rank count, so it is refused at the checkpoint, not found unusable at a restart."""
+    with make(str(tmp_path)) as ck:
+        ck.layout("u", hpcckpt.Block((4,), (0,)) if layout == "block" else hpcckpt.ROWS)
+        for value in (3.0, np.float64(3.0), [1, 2]):
+            with pytest.raises(errors.ProtectError, match=f"a {layout} layout needs an array"):
+                ck.checkpoint(1, {"u": value}, level="pfs")
 
 
 def test_numpy_integer_steps_are_steps(tmp_path):

@@ -222,6 +222,12 @@ RED_TEAM_2 = [
     ("restart() filled both a protected array and a state key of the same name", "ProtectError, as at checkpoint()",
      "state.overlapping, checked before anything is read", "test_state: "
      "test_restart_refuses_a_name_both_protected_and_in_the_state_dict"),
+    ("a Python value (not an array) declared Block or ROWS was saved, then made an N->M restart fall back to nothing",
+     "ProtectError at checkpoint()", "Block/ROWS need an array at the top-level key", "test_hostile: "
+     "test_a_global_layout_on_a_value_that_is_not_an_array_is_refused"),
+    ("a pfs step skipped for a damaged index, or restored with a damaged master file, went unmentioned", "a "
+     "warning names the step", "the listing reports what it skips; rank 0 checks the master's checksum after a "
+     "restore", "test_hostile: test_a_damaged_pfs_index_or_master_is_named_at_restart"),
     ("without MPI_THREAD_MULTIPLE the warning came from every rank at every checkpoint", "one warning, from rank 0",
      "the thread level is agreed at start-up", "test_abort: "
      "test_background_without_thread_multiple_works_synchronously_with_one_warning"),
