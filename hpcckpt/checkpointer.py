@@ -40,8 +40,8 @@ from .codecs.checksum import digest
 from .comm import (U64_MAX, Collective, Deferred, agree, is_collective, is_process_failure, mark_collective,
                    print_abort_notice, reduce_sum_max)
 from .config import LEVELS, Config
-from .errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError, IncompatibleCheckpointError,
-                     MismatchError, ProtectError)
+from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, HpcCkptError,
+                     IncompatibleCheckpointError, MismatchError, ProtectError)
 from .levels.local import LocalCache
 from .levels.registry import REDUNDANT, SPECS
 from .levels.pfs import Item, PfsStore, items_from_manifest, listing as pfs_listing, remove_step_dir
@@ -195,7 +195,7 @@ class Checkpointer:
                     break
         text = self._comm.bcast(text, root=0)
         self._comm.Free()
-        raise mark_collective(HpcCkptError(text))
+        raise mark_collective(ConfigError(text))
 
     def _setup_slurm(self):
         """Inside a SLURM job: stop signals only set a flag (default USR1, for --signal=B:USR1@T

@@ -119,6 +119,7 @@ class RestartLoop:
         self.attempts = []          # (attempt, exit status, seconds)
         self._child = None
         self._signalled = None
+        self._stop = threading.Event()      # set by a forwarded signal: ends the wait before a relaunch
 
     def say(self, text):
         print(f"hpcckpt run: {text}", file=self.out, flush=True)
@@ -126,6 +127,7 @@ class RestartLoop:
     # -- signals: forward to the child's process group, make no further attempt
     def _forward(self, signum, frame):
         self._signalled = signum
+        self._stop.set()
         child = self._child
         if child is not None and child.poll() is None:
             try:
@@ -175,8 +177,9 @@ class RestartLoop:
                     what += f"; excluding node(s) {','.join(self.excluded)}"
             self.say(f"{what}; relaunching ({total - attempt - 1} restart(s) left)")
             if self.delay:
-                time.sleep(self.delay)
+                self._stop.wait(self.delay)
             if self._signalled is not None:
+                self.say(f"got {signal.Signals(self._signalled).name} while waiting to relaunch: no further attempt")
                 return status
         return status
 

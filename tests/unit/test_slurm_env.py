@@ -227,6 +227,22 @@ def test_run_loop_forwards_usr1_and_stops_restarting(tmp_path):
     assert "got SIGUSR1: no further attempt" in err
 
 
+def test_run_loop_stopped_while_waiting_to_relaunch_says_so(tmp_path):
+    """TERM during --delay: the wait ends, no further attempt, and the reason is printed."""
+    code = ("import sys; from hpcckpt.launcher import RestartLoop; "
+            f"sys.exit(RestartLoop([sys.executable, '-c', 'raise SystemExit(3)'], 3, delay=60).run())")
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    try:
+        assert "relaunching" in proc.stderr.readline() + proc.stderr.readline()   # attempt 1, its failure
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)             # well before the 60 s delay ends
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 3 and "got SIGTERM while waiting to relaunch: no further attempt" in err, err
+
+
 # ---------------------------------------------------------------- the command line
 def hpcckpt_main(argv):
     """`hpcckpt ARGV` through the real parser (run/scavenge added if cli.py does not register them yet)."""
