@@ -69,6 +69,21 @@ class Found:
         return os.path.join(os.path.dirname(self.path), mf.data_file_name(self.rank))
 
     @property
+    def delta_path(self):
+        """A partner copy or parity of an incremental step: its delta file (held instead of the
+        full file, levels/delta.py); None otherwise."""
+        if self.kind in ("partner", "parity"):
+            data = self.data_path
+            if not os.path.lexists(data) and os.path.lexists(data[:-4] + ".delta.json"):
+                return data[:-4] + ".delta"
+        return None
+
+    @property
+    def shown_path(self):
+        """The file that holds this item's data: the delta of an incremental step, else the data file."""
+        return self.delta_path or self.data_path
+
+    @property
     def label(self):
         if self.kind == "partner":
             return f"step {self.step} rank {self.rank} (partner copy held by rank {self.holder})"
@@ -335,11 +350,11 @@ def verify(item, buffer_bytes=1 << 20):
     else:
         size, entries = m.data_size, [(a.name, a.offset, a.nbytes, a.checksum) for a in m.arrays]
     path = item.data_path
+    if item.delta_path is not None:
+        return _verify_incremental(path, size, entries)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        if item.kind in ("partner", "parity") and os.path.exists(path[:-4] + ".delta.json"):
-            return _verify_incremental(path, size, entries)
         return f"{path}: missing"
     except OSError as e:
         return f"{path}: cannot be examined ({why(e)})"
@@ -360,13 +375,14 @@ def _verify_incremental(path, size, entries):
     step's file and the delta, then checked against its checksums; None when intact."""
     import xxhash
     from .levels.delta import materialize_held
+    delta = path[:-4] + ".delta"
     try:
         data = materialize_held(os.path.dirname(path), os.path.basename(path), size)
     except (HpcCkptError, OSError, ValueError) as e:
-        return f"{path}: incremental, its base and delta cannot be applied ({e})"
+        return f"{delta}: incremental, its base and delta cannot be applied ({e})"
     for name, offset, nbytes, checksum in entries:
         if xxhash.xxh3_64_hexdigest(data[offset:offset + nbytes]) != checksum:
-            return f"{path}: incremental, {name} rebuilt from its base and delta does not match its checksum"
+            return f"{delta}: incremental, {name} rebuilt from its base and delta does not match its checksum"
     return None
 
 
@@ -586,7 +602,7 @@ def check(cat, partial=False, verbose=False, buffer_bytes=1 << 20):
             else:
                 counts["intact"] += 1
                 if verbose:
-                    findings.append(Finding("ok", label(f), f.data_path, f.path))
+                    findings.append(Finding("ok", label(f), f.shown_path, f.path))
         for f in cs.stale:
             counts["files"] += 1
             counts["damaged"] += 1

@@ -92,9 +92,11 @@ def test_chain_then_node_lost(level, frac, background, reuse, tmp_path):
     if not incremental:
         return           # full steps: rebuilt as without incremental (test_redundancy, test_level_conformance)
     # hpcckpt verify rebuilds each incremental copy / parity in memory from its base and delta
-    res = subprocess.run([sys.executable, "-m", "hpcckpt", "verify", cache], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "hpcckpt", "verify", "-v", cache], capture_output=True, text=True,
                          timeout=60, stdin=subprocess.DEVNULL)
     assert res.returncode == 0 and "DAMAGED" not in res.stdout, res.stdout + res.stderr
+    shown = [ln.rsplit(": ", 1)[1] for ln in res.stdout.splitlines() if ln.split()[:3] == ["ok", "step", "3"]]
+    assert shown and all(os.path.isfile(p) for p in shown), shown      # the delta files, not absent .dat files
     shutil.rmtree(os.path.join(cache, "node2"))
     res = app(cache, level, "--ckpts", "1,2,3", "--frac", frac, "--restart", config={"reuse_files": reuse})
     assert restarted(res) == (3, "ok"), str(res)
@@ -120,7 +122,7 @@ def test_bad_base_falls_back(level, fault, tmp_path):
         shutil.rmtree(os.path.join(cache, f"node{holder}", "app", "step_0000000001"))
     res = subprocess.run([sys.executable, "-m", "hpcckpt", "verify", cache], capture_output=True, text=True,
                          timeout=60, stdin=subprocess.DEVNULL)
-    assert res.returncode != 0 and "incremental" in res.stdout, res.stdout + res.stderr
+    assert res.returncode != 0 and ".delta: incremental" in res.stdout, res.stdout + res.stderr
     shutil.rmtree(os.path.join(cache, "node2"))
     res = app(cache, level, "--ckpts", "1,2,3", "--pfs-at", 2, "--restart")
     assert restarted(res) == (2, "ok"), str(res)

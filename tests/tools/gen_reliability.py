@@ -228,6 +228,14 @@ RED_TEAM_2 = [
     ("a pfs step skipped for a damaged index, or restored with a damaged master file, went unmentioned", "a "
      "warning names the step", "the listing reports what it skips; rank 0 checks the master's checksum after a "
      "restore", "test_hostile: test_a_damaged_pfs_index_or_master_is_named_at_restart"),
+    ("a setting that differs between ranks was a plain HpcCkptError", "ConfigError naming the setting",
+     "_settings_differ raises ConfigError", "test_red_team: test_a_setting_that_differs_between_ranks_is_named"),
+    ("`hpcckpt run` signalled during --delay slept the delay out and said nothing", "the wait ends; \"got SIGTERM "
+     "while waiting to relaunch: no further attempt\"", "the signal handler sets an event the wait is on",
+     "test_slurm_env: test_run_loop_stopped_while_waiting_to_relaunch_says_so"),
+    ("`hpcckpt verify` named absent .dat files for an incremental step's partner copies and parity", "it names "
+     "their .delta files", "catalog.Found.delta_path", "test_incremental: test_chain_then_node_lost, "
+     "test_bad_base_falls_back"),
     ("without MPI_THREAD_MULTIPLE the warning came from every rank at every checkpoint", "one warning, from rank 0",
      "the thread level is agreed at start-up", "test_abort: "
      "test_background_without_thread_multiple_works_synchronously_with_one_warning"),
