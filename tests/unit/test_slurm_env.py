@@ -230,7 +230,7 @@ def test_run_loop_forwards_usr1_and_stops_restarting(tmp_path):
 def test_run_loop_stopped_while_waiting_to_relaunch_says_so(tmp_path):
     """TERM during --delay: the wait ends, no further attempt, and the reason is printed."""
     code = ("import sys; from hpcckpt.launcher import RestartLoop; "
-            f"sys.exit(RestartLoop([sys.executable, '-c', 'raise SystemExit(3)'], 3, delay=60).run())")
+            "sys.exit(RestartLoop([sys.executable, '-c', 'raise SystemExit(3)'], 3, delay=60).run())")
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
     try:
         assert "relaunching" in proc.stderr.readline() + proc.stderr.readline()   # attempt 1, its failure
