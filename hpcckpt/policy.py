@@ -139,6 +139,7 @@ class Policy:
         self._count = {lv: 0 for lv in self.levels}   # multilevel: checkpoints covering lv since one covering the next
         self.final_requested = False
         self.final_taken = False
+        self._final_guessed = False      # the final checkpoint was requested on a guessed cost
         self._probe_requested = False
 
     # -- state -------------------------------------------------------------------------------
@@ -221,7 +222,11 @@ class Policy:
         self._costs[level].append(seconds)
         self._periods = None
         if self.final_requested and level == self.final_level:
-            self.final_taken = True
+            if self._final_guessed and not self._final_due(self._wall(None)):
+                # requested on the guess; its measured cost leaves time: an ordinary checkpoint
+                self.final_requested = self._final_guessed = False
+            else:
+                self.final_taken = True
 
     def compute_since(self, level, now=None):
         """Seconds of computation since the last checkpoint covering ``level`` (or the start)."""
@@ -260,7 +265,8 @@ class Policy:
 
         Order: (1) with end_time, the final checkpoint (pfs, else the most resilient enabled
         level) once now + step estimate + exit_safety * its cost >= end_time, requested once;
-        nothing after it. (2) formula kinds: the cheapest level at the first call while no cost
+        nothing after it — unless its cost was guessed (UNMEASURED_COST_GUESS) and, measured,
+        leaves time: then it was an ordinary checkpoint and the final one comes later. (2) formula kinds: the cheapest level at the first call while no cost
         is measured. (3) the most resilient level due: fixed ("steps", n) when (step + 1) % n == 0;
         ("seconds", s) and young/daly periods when the compute since the last checkpoint covering
         the level reaches its period; "multilevel" when the cheapest level's period is reached,
@@ -279,6 +285,7 @@ class Policy:
             return None
         if self.end_time is not None and self._final_due(self._wall(wall)):
             self.final_requested = True
+            self._final_guessed = self.cost(self.final_level) is None
             return self.final_level
         if self.kind != "fixed" and not self._probe_requested and not any(self._costs.values()):
             self._probe_requested = True

@@ -160,6 +160,28 @@ def test_final_checkpoint_requested_once_with_step_estimate():
     assert p.decide(100) is None                 # never again
 
 
+def test_a_final_checkpoint_asked_for_on_the_guessed_cost_does_not_end_a_short_job():
+    """100 s left and no cost measured: the guess (60 s, twice) asks for the final checkpoint at
+    once; measured at 0.5 s it leaves time, so the job goes on to its real final checkpoint."""
+    clock = Clock(0.0)
+    p = Policy(kind="fixed", schedule={"local": 1000}, levels=("local",), end_time=100.0, exit_safety=2.0,
+               clock=clock)
+    p.start()
+    taken = []
+    for step in range(200):
+        clock.t += 1.0
+        level = p.decide(step)
+        if level:
+            taken.append((clock.t, level))
+            clock.t += 0.5
+            p.record_checkpoint(level, 0.5)
+        if p.should_exit():
+            break
+    assert UNMEASURED_COST_GUESS * 2 > 100
+    assert taken[0] == (1.0, "local") and len(taken) == 2 and taken[1][0] >= 95.0, taken
+    assert p.final_taken and p.should_exit() and clock.t < 100.0
+
+
 def test_final_checkpoint_without_pfs_is_the_most_resilient_and_exit_without_it():
     clock = Clock(0.0)
     p = Policy(kind="fixed", schedule={"local": 1000}, levels=("local", "partner"), end_time=100.0, clock=clock)
