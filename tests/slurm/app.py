@@ -6,6 +6,8 @@ Options:
   --steps N --every K --n SIZE   run N steps, a local checkpoint every K steps
   --step-sleep S                 sleep S seconds per step (time for a signal to arrive)
   --ready-file PATH              rank 0 creates it after the first checkpoint
+  --starting-file PATH           rank 0 creates it before the Checkpointer exists; every rank
+                                 then waits 3 s (a signal arriving meanwhile finds no handler)
   --crash-at S --crash-rank R    SIGKILL rank R right after step S ...
   --crash-once PATH              ... only if PATH does not exist yet (it is created first)
   --out DIR                      write the final arrays as rank_<r>_<name>.npy
@@ -52,6 +54,7 @@ def main():
     p.add_argument("--n", type=int, default=2000)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--ready-file", default=None)
+    p.add_argument("--starting-file", default=None)
     p.add_argument("--crash-at", type=int, default=-1)
     p.add_argument("--crash-rank", type=int, default=0)
     p.add_argument("--crash-once", default=None)
@@ -70,6 +73,10 @@ def main():
 
     comm = MPI.COMM_WORLD
     rank = comm.rank
+    if a.starting_file:
+        if rank == 0:
+            open(a.starting_file, "w").close()
+        time.sleep(3.0)
     with hpcckpt.Checkpointer(comm, policy="fixed", schedule={"local": a.every}) as ckpt:
         arrays = initial(rank, a.n)
         for name, arr in arrays.items():

@@ -66,6 +66,24 @@ def test_walltime_signal_pfs_checkpoint_requeue_and_restart(slurm_jobs, tmp_path
     assert_bitwise_equal_to_failure_free(out, steps, job)
 
 
+def test_a_stop_signal_before_the_application_is_ready_still_requeues(slurm_jobs, tmp_path):
+    """USR1 while the ranks run but have no Checkpointer yet (as when a run starts with less
+    than the lead time left): the template passes it on as the stop file only (a forwarded
+    signal can kill a rank without hpcckpt's handler); the first run stops at its first step,
+    the job requeues and the second run ends bitwise equal."""
+    steps, out, starting = 40, tmp_path / "out", tmp_path / "starting"
+    app = f"{APP} --steps {steps} --every 10 --n {N} --step-sleep 0.04 --out {out} --starting-file {starting}"
+    srun = f"srun --nodes=2 --ntasks={RANKS} --ntasks-per-node=2 --mpi={mpi().flavour.srun_mpi} --kill-on-bad-exit=1"
+    job = slurm_jobs("walltime-requeue.sbatch", ["--nodes=2", "--ntasks-per-node=2"], APP=app, LAUNCH=srun)
+    job.wait_for_file(str(starting), timeout=120)      # the ranks run; no Checkpointer (no handler) yet
+    proc = subprocess.run(["scancel", "--signal=USR1", "--batch", job.id], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    info = job.wait_done(timeout=180, restarts=1)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0" and info["Restarts"] == "1", f"{info}\n{job}"
+    assert len(job.lines("STOPPED")) == 1 and job.lines("DONE")[-1] == str(steps - 1), job
+    assert_bitwise_equal_to_failure_free(out, steps, job)
+
+
 def test_restart_loop_relaunches_after_a_rank_dies(slurm_jobs, tmp_path):
     """A rank killed inside the allocation: `hpcckpt run` relaunches (without the failed node)
     and the job completes with the failure-free result."""
