@@ -128,8 +128,10 @@ def render(d):
         out.append("| " + " | ".join(row) + " |")
     out += ["", "A second review (2026-12-06) wrote applications that hand the library unusual state and make "
             "unusual calls (every dtype, value type and container; masked arrays; NumPy-integer steps; one rank "
-            "failing; misuse; kills, signals and application MPI traffic while background work runs). It found no "
-            "hang and no wrong restored byte; these classes did not behave as documented and are fixed:", "",
+            "failing; misuse; kills, signals and application MPI traffic while background work runs; pfs N->M and "
+            "damaged files; incremental chains; `hpcckpt run`; online recovery; SLURM jobs). It found no hang and "
+            "no wrong restored byte; these classes did not behave as documented and are fixed (what lies in Open "
+            "MPI is in docs/ONLINE.md, Limits):", "",
             "| class | outcome now | mechanism | test |", "|---|---|---|---|"]
     for row in RED_TEAM_2:
         out.append("| " + " | ".join(row) + " |")
@@ -236,6 +238,14 @@ RED_TEAM_2 = [
     ("`hpcckpt verify` named absent .dat files for an incremental step's partner copies and parity", "it names "
      "their .delta files", "catalog.Found.delta_path", "test_incremental: test_chain_then_node_lost, "
      "test_bad_base_falls_back"),
+    ("a SLURM job with under ~2 minutes left ended at step 0, COMPLETED: the final checkpoint was asked for on the "
+     "guessed 60 s cost", "once measured, a cost that leaves time makes it an ordinary checkpoint; the job goes on",
+     "Policy re-judges a final checkpoint requested on a guess when it is recorded",
+     "test_policy: test_a_final_checkpoint_asked_for_on_the_guessed_cost_does_not_end_a_short_job"),
+    ("walltime-requeue.sbatch forwarded USR1 to the ranks: ranks still starting, or exiting after a second USR1, "
+     "died of it and the job ended FAILED", "the request reaches the ranks as the stop file only",
+     "the trap touches CKPT_STOP_FILE and forwards nothing", "tests/slurm: "
+     "test_a_stop_signal_before_the_application_is_ready_still_requeues"),
     ("without MPI_THREAD_MULTIPLE the warning came from every rank at every checkpoint", "one warning, from rank 0",
      "the thread level is agreed at start-up", "test_abort: "
      "test_background_without_thread_multiple_works_synchronously_with_one_warning"),
