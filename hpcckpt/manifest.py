@@ -119,10 +119,17 @@ def check_dtype(dtype):
                            f"{MAX_DTYPE_TEXT} characters")
 
 
+def is_plain_array(value):
+    """Local: True for a plain ndarray or np.memmap, what is stored and read back as it is (a
+    subclass such as a masked array or np.matrix would come back as something else)."""
+    return type(value) is np.ndarray or isinstance(value, np.memmap)
+
+
 def check_array(array):
     """Raise ProtectError unless ``array`` (an ndarray) can be stored and read back as it is: a
-    plain ndarray (or np.memmap) of a storable dtype with at most MAX_DIMS dimensions."""
-    if type(array) is not np.ndarray and not isinstance(array, np.memmap):
+    plain ndarray (or np.memmap, ``is_plain_array``) of a storable dtype with at most MAX_DIMS
+    dimensions."""
+    if not is_plain_array(array):
         raise ProtectError(f"a {type(array).__name__} (a subclass of numpy.ndarray) cannot be checkpointed: it "
                            "would come back as a plain ndarray" + (" without its mask; pass its .data and "
                            ".mask as two arrays" if isinstance(array, np.ma.MaskedArray) else

@@ -31,7 +31,7 @@ import struct
 import numpy as np
 
 from .errors import CorruptCheckpointError, MismatchError, ProtectError
-from .manifest import check_array, check_dtype
+from .manifest import check_array, check_dtype, is_plain_array
 
 STATE_ENTRY = "__state__"            # the array of the checkpoint that holds the state document
 FORMAT = "hpcckpt-state"
@@ -199,11 +199,6 @@ def overlapping(state, names):
         else:
             found.append(name)
     return found
-
-
-def is_plain_array(v):
-    """True for an ndarray that restart() may fill in place (not a masked array or matrix)."""
-    return type(v) is np.ndarray or isinstance(v, np.memmap)
 
 
 def _holds_array(v):
