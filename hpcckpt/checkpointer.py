@@ -254,19 +254,21 @@ class Checkpointer:
                 self._comm.Free()
                 self._closed = True
 
-    def abandon(self, timeout=10.0):
+    def abandon(self, timeout=10.0, revoke_comms=True):
         """Local: give this Checkpointer up after a process failure, without any communication.
 
         Its communicators may hold a failed process: each one it duplicated or split is revoked
         where the MPI can (ULFM), so that no peer stays blocked on it, and dropped without
-        ``Free`` (a collective call). A background thread is given ``timeout`` seconds to end
-        (its communicator is revoked: its next call fails) and is then left behind (a daemon).
+        ``Free`` (a collective call). ``revoke_comms=False`` (after an error every rank agreed
+        on: a peer may still be finishing that agreement) only drops them. A background thread
+        is given ``timeout`` seconds to end (its communicator revoked, its next call fails) and
+        is then left behind (a daemon).
         The lock files are released, so that a new Checkpointer of the same job can open the
         cache again. The files on disk are not touched. Harmless twice, and after close()."""
         if getattr(self, "_abandoned", False):
             return
         self._abandoned = True
-        for c in self._owned_comms():
+        for c in self._owned_comms() if revoke_comms else ():
             revoke(c)
         if self._flush is not None:
             self._flush.thread.join(timeout)

@@ -27,6 +27,11 @@ the next step. The rank -> node map is the one detected at the start, pinned for
 communicator, node map) ends with an agreement too: a process lost before it is recovered from
 like any other (spares take lost worker numbers; the job starts at step 0).
 
+An exception that is not a process failure (the application's, or an hpcckpt error every
+worker raised) is not recovered: the process revokes like for a failure, and in the survivors'
+allgather it says that it raised; then every process, spares included, raises that error
+(``CollectiveError`` naming it, or its hpcckpt class) and the job ends (docs/ONLINE.md).
+
 Every wait is bounded: the shrink, the allgather and the agreement of a recovery, and the
 setup's agreement, are polled until ``recovery_timeout``; spares poll their receive. When the
 failures outnumber the spares, every survivor raises OnlineRecoveryError (nothing is restored:
@@ -43,13 +48,14 @@ import time
 
 import numpy as np
 
-from . import faults
-from .errors import HpcCkptError, OnlineRecoveryError, ULFMUnsupportedError
+from . import errors, faults
+from .errors import CollectiveError, HpcCkptError, OnlineRecoveryError, ULFMUnsupportedError
 
 log = logging.getLogger("hpcckpt")
 
 TAG_DONE = 0x0D0E          # worker 0 -> each spare: the job is over
 POLL = 0.01                # seconds between two tests of a pending request
+MESSAGE_BYTES = 1024       # the broadcast text of an exception that ends an online job
 FINALIZE_TIMEOUT = 5.0     # seconds MPI_Finalize gets at exit once a failure was seen (see _bound_finalize)
 
 
@@ -103,7 +109,9 @@ def run(comm, init, step, nsteps, *, spares=1, config=None, recovery_timeout=60.
     becomes rank r (a template of the right shapes, filled by the restart). ``config`` and
     ``overrides`` are the Checkpointer's. ``on_recovery(Recovery)`` (local) is called on every
     worker after each recovery. Raises ULFMUnsupportedError (before any communication) without
-    ULFM, OnlineRecoveryError on every survivor when the job cannot go on."""
+    ULFM, OnlineRecoveryError on every survivor when the job cannot go on, and on every process
+    the error that ends the job when ``init``, ``step`` or ``on_recovery`` raised on some worker
+    (CollectiveError naming it, or its class when it is an HpcCkptError)."""
     check_support(comm)
     if not callable(init) or not callable(step):
         raise TypeError("online.run(comm, init, step, nsteps, ...): init and step must be callables")
@@ -120,15 +128,23 @@ def run(comm, init, step, nsteps, *, spares=1, config=None, recovery_timeout=60.
 def decide(table, nworkers, size_before, cause=None):
     """Pure, the same on every survivor (each has the same table): the outcome of a recovery.
 
-    ``table`` rows are (worker number or -1 for a spare, original rank, has-a-checkpoint) of
-    every process left; ``nworkers`` the workers the job needs; ``size_before`` the processes
-    before the failure. Returns (error text or None, {spare's original rank: worker number it
-    takes}, whether this run has a checkpoint). Lost numbers go in increasing order to the spares
-    in increasing order of their original rank."""
-    present = {int(lg) for lg, _, _ in table if lg >= 0}
+    ``table`` rows are (worker number or -1 for a spare, original rank, has-a-checkpoint,
+    raised-an-exception) of every process left; ``nworkers`` the workers the job needs;
+    ``size_before`` the processes before the failure. Returns (error text or None, {spare's
+    original rank: worker number it takes}, whether this run has a checkpoint). Lost numbers go
+    in increasing order to the spares in increasing order of their original rank; a process that
+    raised ends the job (an error naming the first one, nothing assigned)."""
+    present = {int(lg) for lg, _, _, _ in table if lg >= 0}
     missing = sorted(set(range(nworkers)) - present)
-    spare_ranks = sorted(int(me) for lg, me, _ in table if lg < 0)
-    committed = bool(max((int(c) for _, _, c in table), default=0))
+    spare_ranks = sorted(int(me) for lg, me, _, _ in table if lg < 0)
+    committed = bool(max((int(c) for _, _, c, _ in table), default=0))
+    raised = [(int(lg), int(me)) for lg, me, _, r in table if r]
+    if raised:
+        lg, me = raised[0]
+        who = f"worker {lg} (world rank {me})" if lg >= 0 else f"spare process (world rank {me})"
+        more = f" and {len(raised) - 1} more process{'es' if len(raised) > 2 else ''}" if len(raised) > 1 else ""
+        return (f"{who}{more} raised an exception, which online recovery does not retry (it replaces "
+                f"failed processes only)", {}, committed)
     if len(table) == size_before and not missing:
         return (f"an MPI error ({cause}) but no process failed: not a failure online recovery "
                 f"can repair", {}, committed)
@@ -167,6 +183,7 @@ class _Loop:
         self.recoveries = []
         self.cause = None                       # what started the recovery in progress (text)
         self.pending = None                     # the Recovery in progress (its seconds: the detection time)
+        self.raised = None                      # an exception (not a process failure) this process raised
         self._setup()
 
     # ------------------------------------------------------------------ the roles
@@ -181,13 +198,16 @@ class _Loop:
                 if self._wait_as_spare():
                     self.world.Free()
                     return Outcome(False, None, None, self.recoveries, self._spares_left())
-            except Exception as e:  # noqa: BLE001 - only process failures are recovered; the rest re-raised
-                if not _recoverable(e):
-                    raise
+            except (Exception, SystemExit) as e:  # noqa: BLE001 - process failures are recovered, the rest ends the job
                 self.cause = _short(e)
                 t0 = time.perf_counter()
-                log.warning("process failure seen on world rank %d (%s); recovering online", self.me,
-                            _short(e))
+                if _recoverable(e):
+                    log.warning("world rank %d: %s (a process failed, or another one ended the job); recovering "
+                                "online", self.me, self.cause)
+                else:
+                    self.raised = e         # not a process failure: the job ends on every process (_recover)
+                    log.warning("world rank %d raised %s; ending the online job on every process (an exception "
+                                "is not a process failure: it is not recovered)", self.me, self.cause)
                 self._recover(t0)
                 fresh = False
 
@@ -330,8 +350,8 @@ class _Loop:
         survivor when it cannot."""
         from .checkpointer import revoke
         MPI = self.MPI
-        if self.ckpt is not None:
-            self.ckpt.abandon()
+        if self.ckpt is not None:      # an error agreed on every worker: peers may still be in that agreement
+            self.ckpt.abandon(revoke_comms=self.raised is None or not _is_collective(self.raised))
             self.ckpt = None
         if self.workers != MPI.COMM_NULL:
             revoke(self.workers)
@@ -350,8 +370,9 @@ class _Loop:
             world.Set_errhandler(MPI.ERRORS_RETURN)
             ok, decision = 1, None
             try:
-                mine = np.array([self.logical, self.me, 1 if self.committed else 0], np.int64)
-                table = np.empty((world.size, 3), np.int64)
+                mine = np.array([self.logical, self.me, 1 if self.committed else 0, 0 if self.raised is None else 1],
+                                np.int64)
+                table = np.empty((world.size, 4), np.int64)
                 self._bounded(lambda: (None, world.Iallgather(mine, table)), deadline, "learning who is left")
                 decision = self._decide(table)
                 if decision[0] is None:
@@ -378,12 +399,14 @@ class _Loop:
                 continue
             break
         error, assign, committed = decision
+        if any(table[:, 3]):
+            raise self._raised_everywhere(world, table, error, deadline)
         if error is not None:
             raise _collective(OnlineRecoveryError(error))
         if self.logical < 0:
             self.logical = assign.get(self.me, -1)
         self.world, self.workers, self.committed = world, workers, committed
-        self.numbers = [int(lg) if lg >= 0 else assign.get(int(me), -1) for lg, me, _ in table]
+        self.numbers = [int(lg) if lg >= 0 else assign.get(int(me), -1) for lg, me, _, _ in table]
         self.pending = Recovery(tuple(sorted(assign.values())), tuple(sorted(assign)), None, t0, attempts)
         if self.logical == 0 and self.pending.lost:
             log.warning("online recovery: worker rank(s) %s lost, taken by spare(s) %s (world ranks); %d spare(s) "
@@ -392,6 +415,34 @@ class _Loop:
         elif self.logical == 0:
             log.warning("online recovery: only spare processes were lost; %d spare(s) left; %d attempt(s)",
                         self._spares_left(), attempts)
+
+    def _raised_everywhere(self, world, table, error, deadline):
+        """Collective over the survivors (``world``: the shrunk world, ``table`` its rows): some
+        process raised an exception. The first one's class and text are broadcast (a fixed-size
+        buffer, failure path only) and the error every process raises is returned, as
+        ``comm.agree`` chooses it: that HpcCkptError subclass, or CollectiveError for anything
+        else, raised from this process's own exception. A process whose exception was agreed
+        already (hpcckpt's, on every worker) or was SystemExit raises its own."""
+        root = int(np.flatnonzero(table[:, 3])[0])
+        buf = np.zeros(MESSAGE_BYTES, np.uint8)
+        if world.rank == root:
+            kind = type(self.raised).__name__ if isinstance(self.raised, HpcCkptError) else ""
+            text = f"{kind}\n{_short(self.raised, MESSAGE_BYTES // 4)}".encode()[:MESSAGE_BYTES]
+            buf[:len(text)] = np.frombuffer(text, np.uint8)
+        try:
+            self._bounded(lambda: (None, world.Ibcast(buf, root=root)), deadline, "telling every process the error")
+            kind, _, message = buf.tobytes().rstrip(b"\0").decode(errors="replace").partition("\n")
+        except (self.MPI.Exception, OnlineRecoveryError):
+            kind, message = "", "(its message was lost with another failure)"
+        if self.raised is not None and (_is_collective(self.raised) or isinstance(self.raised, SystemExit)):
+            return self.raised
+        text = (f"{error}: {message}. The job ends on every process; relaunch it once the cause is mended (it "
+                f"restarts from the newest checkpoint)")
+        cls = errors.ALL.get(kind, CollectiveError)
+        number = int(table[root, 0])
+        err = CollectiveError(text, {number: message}) if cls is CollectiveError else cls(text)
+        err.__cause__ = self.raised
+        return _collective(err)
 
     def _decide(self, table):
         return decide(table, self.nworkers, self.world_size_before, self.cause)
@@ -494,11 +545,16 @@ def _recoverable(exc):
     return is_process_failure(exc)
 
 
+def _is_collective(exc):
+    from .comm import is_collective
+    return is_collective(exc)
+
+
 def _collective(exc):
     from .comm import mark_collective
     return mark_collective(exc)
 
 
-def _short(exc):
+def _short(exc, limit=200):
     text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) < 200 else text[:200] + "…"
+    return text if len(text) < limit else text[:limit] + "…"

@@ -156,6 +156,56 @@ def test_more_failures_than_spares_ends_with_a_clear_error(tmp_path):
     assert not os.path.exists(out)
 
 
+def raised_lines(res, text):
+    """stderr lines of the final exception of each process that start with ``text``."""
+    return [ln for ln in res.stderr.splitlines() if ln.startswith(text)]
+
+
+@needs_ulfm
+def test_an_exception_in_the_step_ends_the_job_on_every_process(tmp_path, reference):
+    """An exception the application's step raises on one worker is not a process failure: no
+    spare takes its place (a deterministic bug would use up every spare, retried from the same
+    checkpoint), every process -- the workers and the spare -- raises a CollectiveError that names
+    it (on that worker: from its own exception), nothing is aborted, nothing hangs. A relaunch
+    then restarts from the newest checkpoint (step 9) and ends bitwise as the failure-free run."""
+    res, out = job(str(tmp_path), 1, "--raise", "1:12")
+    assert res.returncode != 0, str(res)
+    assert res.lines("RECOVERED") == [], str(res)
+    errors = raised_lines(res, "hpcckpt.errors.CollectiveError: worker 1 (world rank 1) raised an exception")
+    assert len(errors) == WORKERS + 1, str(res)
+    assert all("RuntimeError: application bug on worker 1 at step 12" in e for e in errors), str(res)
+    assert res.stderr.count("The above exception was the direct cause") == 1, str(res)
+    assert "MPI_ABORT" not in res.stderr, str(res)
+    assert not os.path.exists(out)
+    recs, res = recovered(tmp_path, reference, 1, recoveries=0)
+    assert json.loads(res.lines("DONE")[0])["steps_run"] == STEPS - 10, str(res)
+
+
+@needs_ulfm
+def test_an_error_every_worker_agreed_on_ends_the_spares_too(tmp_path):
+    """An hpcckpt error raised on every worker (checkpoint() refusing a value in the state): the
+    workers raise it as without online mode (ProtectError), and the spare, which never called
+    checkpoint(), raises a ProtectError that names it instead of waiting for the workers to go."""
+    res, out = job(str(tmp_path), 1, "--bad-state-at", "10")
+    assert res.returncode != 0, str(res)
+    own = raised_lines(res, "hpcckpt.errors.ProtectError: writing checkpoint 14 failed on rank 0: state['bad']")
+    assert len(own) == WORKERS, str(res)
+    told = raised_lines(res, "hpcckpt.errors.ProtectError: worker 0 (world rank 0) and 3 more processes raised")
+    assert len(told) == 1 and "state['bad']" in told[0], str(res)
+    assert "MPI_ABORT" not in res.stderr and not os.path.exists(out), str(res)
+
+
+@needs_ulfm
+def test_an_exception_after_a_recovery_ends_the_job(tmp_path):
+    """A worker killed (recovered with the spare), then another worker raising: the job ends on
+    every process with the exception named, after the one recovery."""
+    res, out = job(str(tmp_path), 1, "--kill", "1:12", "--raise", "2:14")
+    assert res.returncode != 0, str(res)
+    assert len(res.lines("RECOVERED")) == 1, str(res)
+    errors = raised_lines(res, "hpcckpt.errors.CollectiveError: worker 2 (world rank 2) raised an exception")
+    assert len(errors) == WORKERS and all("at step 14" in e for e in errors), str(res)
+
+
 def test_online_refused_without_ulfm(tmp_path):
     """Launched without ULFM (plain mpiexec: MPICH, or Open MPI without --with-ft ulfm): refused
     up front on every rank, with a message that says what to do."""

@@ -5,8 +5,12 @@ the worker communicator each step), driven by tests/mpi/test_online.py.
   --kill RANK:STEP[:rmnode][,RANK:STEP...]   worker RANK SIGKILLs itself at the start of STEP, once
                                              (a marker file in --markers); rmnode: first remove its
                                              node's cache directory (a lost node)
+  --raise RANK:STEP[,RANK:STEP...]          worker RANK raises RuntimeError in STEP (every time it runs it)
+  --bad-state-at STEP                        every worker puts a value checkpoint() refuses into its state
+                                             at STEP (a ProtectError raised on every worker)
   --config-json JSON                         extra Checkpointer keyword arguments
-Prints "RECOVERED <json>" on worker 0 after each recovery, "DONE <json>" on worker 0 at the end,
+Prints "RECOVERED <json>" on worker 0 after each recovery, "DONE <json>" on worker 0 at the end
+(recoveries, spares left, the step calls it made),
 "SPARE-DONE" on each spare never used; worker 0 writes the whole final field to --out (.npy).
 An OnlineRecoveryError prints "ONLINE-ERROR <message>" on each survivor and exits 3; without
 ULFM each rank prints "REFUSED <message>" and exits 2.
@@ -35,6 +39,8 @@ p.add_argument("--n", type=int, default=5000)
 p.add_argument("--out", required=True)
 p.add_argument("--kill", default="")
 p.add_argument("--markers", default=None)
+p.add_argument("--raise", dest="raises", default="")
+p.add_argument("--bad-state-at", type=int, default=-1)
 p.add_argument("--config-json", default="{}")
 p.add_argument("--timeout", type=float, default=60.0)
 a = p.parse_args()
@@ -43,6 +49,7 @@ kills = {}
 for item in filter(None, a.kill.split(",")):
     parts = item.split(":")
     kills.setdefault(int(parts[1]), []).append((int(parts[0]), len(parts) > 2 and parts[2] == "rmnode"))
+raises = {tuple(int(x) for x in item.split(":")) for item in filter(None, a.raises.split(","))}
 
 
 def say(line):
@@ -68,10 +75,15 @@ def step(comm, state, i):
                     node = comm.rank // rpn
                     shutil.rmtree(a.cache.replace("{node}", str(node)), ignore_errors=True)
                 os.kill(os.getpid(), signal.SIGKILL)
+    if (comm.rank, i) in raises:
+        raise RuntimeError(f"application bug on worker {comm.rank} at step {i}")
+    if i == a.bad_state_at:
+        state["bad"] = object()
     advance(comm, state, i)
 
 
 MPI_rank_is_zero = [False]
+steps_run = [0]         # step calls on this process (a run restarted from step S makes nsteps - S - 1)
 
 
 def recovered(r):
@@ -83,6 +95,7 @@ def recovered(r):
 
 def step_and_note(comm, state, i):
     MPI_rank_is_zero[0] = comm.rank == 0
+    steps_run[0] += 1
     step(comm, state, i)
 
 
@@ -105,5 +118,5 @@ else:
     parts = w.gather(out.state["u"], root=0)
     if w.rank == 0:
         np.save(a.out, np.concatenate(parts))
-        say("DONE " + json.dumps({"recoveries": len(out.recoveries), "spares_left": out.spares_left,
+        say("DONE " + json.dumps({"recoveries": len(out.recoveries), "spares_left": out.spares_left, "steps_run": steps_run[0],
                                   "total": float(out.state["total"])}))
