@@ -130,7 +130,8 @@ def render(d):
             "unusual calls (every dtype, value type and container; masked arrays; NumPy-integer steps; one rank "
             "failing; misuse; kills, signals and application MPI traffic while background work runs; pfs N->M and "
             "damaged files; incremental chains; `hpcckpt run`; online recovery; SLURM jobs). It found no hang and "
-            "no wrong restored byte; these classes did not behave as documented and are fixed (what lies in Open "
+            "no wrong restored byte; these classes did not behave as documented (the online one was documented as a "
+            "limit first) and are fixed (what lies in Open "
             "MPI is in docs/ONLINE.md, Limits):", "",
             "| class | outcome now | mechanism | test |", "|---|---|---|---|"]
     for row in RED_TEAM_2:
@@ -249,6 +250,13 @@ RED_TEAM_2 = [
     ("without MPI_THREAD_MULTIPLE the warning came from every rank at every checkpoint", "one warning, from rank 0",
      "the thread level is agreed at start-up", "test_abort: "
      "test_background_without_thread_multiple_works_synchronously_with_one_warning"),
+    ("online mode took an exception in the application's step on one worker for a process failure: a spare "
+     "replaced it, the exception came again there and the job aborted; an hpcckpt error on every worker left "
+     "the spares waiting, silent, until the job ended around them (5 s later here)", "every process, spares included, raises that error (CollectiveError naming the worker, "
+     "or its hpcckpt class); no spare is used; a relaunch restarts from the newest checkpoint",
+     "the process that raised revokes and says so in the survivors' allgather; the first one's text is broadcast",
+     "test_online: test_an_exception_in_the_step_ends_the_job_on_every_process, "
+     "test_an_error_every_worker_agreed_on_ends_the_spares_too, test_an_exception_after_a_recovery_ends_the_job"),
 ]
 
 
