@@ -252,8 +252,9 @@ RED_TEAM_2 = [
      "test_background_without_thread_multiple_works_synchronously_with_one_warning"),
     ("online mode took an exception in the application's step on one worker for a process failure: a spare "
      "replaced it, the exception came again there and the job aborted; an hpcckpt error on every worker left "
-     "the spares waiting, silent, until the job ended around them (5 s later here)", "every process, spares included, raises that error (CollectiveError naming the worker, "
-     "or its hpcckpt class); no spare is used; a relaunch restarts from the newest checkpoint",
+     "the spares waiting, silent, until the job ended around them (5 s later here)", "every process, spares "
+     "included, raises that error (CollectiveError naming the worker, or its hpcckpt class); no spare is used; "
+     "a relaunch restarts from the newest checkpoint",
      "the process that raised revokes and says so in the survivors' allgather; the first one's text is broadcast",
      "test_online: test_an_exception_in_the_step_ends_the_job_on_every_process, "
      "test_an_error_every_worker_agreed_on_ends_the_spares_too, test_an_exception_after_a_recovery_ends_the_job"),
