@@ -5,6 +5,10 @@ raise the same error when any rank failed; ``Deferred`` inside a step keeps a ra
 of an exchange after a local error (its own file unreadable, its disk full), so the others are
 never left waiting, and raises that error once the exchange is over.
 
+A third, ``InFlight``, runs the point-to-point messages of an exchange (partner copies, parity
+rounds) with persistent requests that an MPI error never leaves freed while Open MPI may still
+complete them: a process failure in the middle of an exchange ends no survivor (ULFM).
+
 The rule (from PyTorch DCP's collectives wrapper): a rank never raises alone inside a collective
 call. It catches its exception, every rank learns who failed and why, and every rank raises.
 
@@ -189,6 +193,53 @@ class Collective(contextlib.AbstractContextManager):
                 return False            # KeyboardInterrupt, SystemExit: the others know; re-raise it here
             raise
         return True
+
+
+_KEPT_AFTER_FAILURE = []     # requests (and their buffers) of exchanges an MPI error interrupted
+
+
+class InFlight(contextlib.AbstractContextManager):
+    """``with InFlight() as flight:`` the point-to-point messages of one exchange (local).
+
+    ``flight.send(comm, buf, dest, tag)`` / ``flight.recv(comm, buf, source, tag)`` start a
+    *persistent* request (``Send_init`` / ``Recv_init``, then ``Start``); ``flight.wait(reqs)``
+    waits for them and frees them. Why persistent: completion does not free such a request, so
+    when an exchange ends in an MPI error (ULFM: a process failed or the communicator was
+    revoked) its requests are still ours, and they are kept, with their buffers, for the rest of
+    the process instead of being freed. Open MPI 5.0's ob1 can complete a fragment of such a
+    request after the error; had the request been freed by then (``Waitall`` frees a completed
+    nonblocking request, mpi4py frees an active one it drops), the process would end with "Send
+    error after request freed" (docs/ONLINE.md, "Messages in flight"). Any other exception
+    leaving the block keeps the requests not yet freed the same way. Otherwise it behaves as
+    ``Isend`` / ``Irecv`` + ``Waitall``.
+    """
+
+    def __init__(self):
+        self.live = []
+
+    def send(self, comm, buf, dest, tag):
+        return self._start(comm.Send_init(buf, dest=dest, tag=tag))
+
+    def recv(self, comm, buf, source, tag):
+        return self._start(comm.Recv_init(buf, source=source, tag=tag))
+
+    def _start(self, request):
+        self.live.append(request)
+        request.Start()
+        return request
+
+    def wait(self, requests):
+        """Local: wait for ``requests`` (from this flight) and free them."""
+        MPI.Request.Waitall(requests)
+        for r in requests:
+            r.Free()
+        self.live = [r for r in self.live if r]
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None:
+            _KEPT_AFTER_FAILURE.extend(r for r in self.live if r)
+        self.live = []
+        return False
 
 
 class Deferred:

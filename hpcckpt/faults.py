@@ -11,6 +11,10 @@ rebuilt, before it writes what it receives), ``restore``
 (half-way through filling the arrays), ``recover`` (hpcckpt.online: on worker RANK during an online
 recovery, right after the shrink; a spare has no RANK), ``spare`` (hpcckpt.online: on the spare whose
 original rank is RANK, as it starts waiting).
+
+``_HPCCKPT_FAULT_ONCE=FILE`` makes the fault fire once: the first process that matches creates
+FILE (exclusively) and fires; the others, and later matches (a spare that took the rank's
+number and runs the step again), find FILE and go on.
 """
 import errno
 import os
@@ -36,6 +40,12 @@ def hit(phase, rank, step=None):
     p, r, s, action = _PARSED
     if p != phase or (r != "*" and int(r) != rank) or (s != "*" and step is not None and int(s) != step):
         return
+    once = os.environ.get("_HPCCKPT_FAULT_ONCE")
+    if once:
+        try:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return
     if action == "error":
         raise OSError(errno.ENOSPC, "No space left on device (injected fault)", phase)
     if action == "interrupt":

@@ -5,18 +5,18 @@ A *symbol* is a byte range of a file on one rank of a group: ``length`` bytes of
 ``valid`` exist and the rest are zero (ranks protect different amounts of data). An *output* is a
 symbol one rank computes as XOR_i c_i * input_i over GF(2^8) (plain XOR when every c_i is 1):
 parity while encoding, a lost symbol while rebuilding. Every source sends its raw bytes straight
-to the rank that computes (MPI Isend from a read-only memory map of its file: no read copy; zero
-bytes are never sent), and that rank combines its inputs with the fused kernel in one pass per
-segment and hands the result to a sink. Compared with a reduce-scatter of pre-multiplied blocks
+to the rank that computes (a persistent MPI send, ``comm.InFlight``, from a read-only memory
+map of its file: no read copy; zero bytes are never sent), and that rank combines its inputs
+with the fused kernel in one pass per segment and hands the result to a sink. Compared with a reduce-scatter of pre-multiplied blocks
 this moves each needed symbol once, sends no zero blocks and does the arithmetic in our kernel.
 """
 import mmap
 import os
 
 import numpy as np
-from mpi4py import MPI
 
 from ..codecs.rs import gf_combine_into
+from ..comm import InFlight
 from ..errors import CorruptCheckpointError
 
 
@@ -76,51 +76,52 @@ def gather_combine(gcomm, length, seg, sends, outputs, buffers, deliveries=()):
     out = buffers.get("out", len(outputs) * seg).reshape(len(outputs), seg)
     got = buffers.get("delivered", len(deliveries) * seg).reshape(len(deliveries), seg)
     zeros = np.zeros(seg, np.uint8) if any(source is None for _, _, source, _ in sends) else None
-    for off in range(0, length, seg):
-        n = min(seg, length - off)
-        inputs, later = [], []
-        for o, (tag, ins, _, _) in enumerate(outputs):
-            for i, (src, valid, _) in enumerate(ins):
+    with InFlight() as flight:
+        for off in range(0, length, seg):
+            n = min(seg, length - off)
+            inputs, later = [], []
+            for o, (tag, ins, _, _) in enumerate(outputs):
+                for i, (src, valid, _) in enumerate(ins):
+                    v = present(valid, off, n)
+                    if v:
+                        inputs.append(flight.recv(gcomm, recv[o, i, :v], src, tag))
+            for d, (src, tag, _) in enumerate(deliveries):
+                later.append(flight.recv(gcomm, got[d, :n], src, tag))
+            for dest, tag, source, valid in sends:
                 v = present(valid, off, n)
                 if v:
-                    inputs.append(gcomm.Irecv(recv[o, i, :v], source=src, tag=tag))
-        for d, (src, tag, _) in enumerate(deliveries):
-            later.append(gcomm.Irecv(got[d, :n], source=src, tag=tag))
-        for dest, tag, source, valid in sends:
-            v = present(valid, off, n)
-            if v:
-                view = zeros[:v] if source is None else source[off:off + v]
-                later.append(gcomm.Isend(view, dest=dest, tag=tag))
-        MPI.Request.Waitall(inputs)
-        for o, (tag, ins, local, sink) in enumerate(outputs):
-            rows, coefs = [], []
-            for i, (src, valid, coef) in enumerate(ins):
-                v = present(valid, off, n)
-                if v and coef:
-                    if v < n:
-                        recv[o, i, v:n] = 0
-                    rows.append(recv[o, i, :n])
-                    coefs.append(coef)
-            if local is not None:
-                source, valid, coef = local
-                v = present(valid, off, n)
-                if v and coef:
-                    row = recv[o, len(ins), :n]
-                    if v == n and source is not None and not source[off:off + n].ctypes.data % 8:
-                        row = source[off:off + n]
-                    else:   # a short (zero-padded) or unaligned piece, or a failed source
-                        row[:v] = 0 if source is None else source[off:off + v]
-                        row[v:] = 0
-                    rows.append(row)
-                    coefs.append(coef)
-            result = out[o, :n]
-            result.fill(0)
-            if rows:
-                gf_combine_into([result], np.array([coefs], np.uint8), rows)
-            if callable(sink):
-                sink(off, result)
-            else:
-                later.append(gcomm.Isend(result, dest=sink[0], tag=sink[1]))
-        MPI.Request.Waitall(later)
-        for d, (_, _, sink) in enumerate(deliveries):
-            sink(off, got[d, :n])
+                    view = zeros[:v] if source is None else source[off:off + v]
+                    later.append(flight.send(gcomm, view, dest, tag))
+            flight.wait(inputs)
+            for o, (tag, ins, local, sink) in enumerate(outputs):
+                rows, coefs = [], []
+                for i, (src, valid, coef) in enumerate(ins):
+                    v = present(valid, off, n)
+                    if v and coef:
+                        if v < n:
+                            recv[o, i, v:n] = 0
+                        rows.append(recv[o, i, :n])
+                        coefs.append(coef)
+                if local is not None:
+                    source, valid, coef = local
+                    v = present(valid, off, n)
+                    if v and coef:
+                        row = recv[o, len(ins), :n]
+                        if v == n and source is not None and not source[off:off + n].ctypes.data % 8:
+                            row = source[off:off + n]
+                        else:   # a short (zero-padded) or unaligned piece, or a failed source
+                            row[:v] = 0 if source is None else source[off:off + v]
+                            row[v:] = 0
+                        rows.append(row)
+                        coefs.append(coef)
+                result = out[o, :n]
+                result.fill(0)
+                if rows:
+                    gf_combine_into([result], np.array([coefs], np.uint8), rows)
+                if callable(sink):
+                    sink(off, result)
+                else:
+                    later.append(flight.send(gcomm, result, sink[0], sink[1]))
+            flight.wait(later)
+            for d, (_, _, sink) in enumerate(deliveries):
+                sink(off, got[d, :n])

@@ -36,7 +36,7 @@ from ..errors import CorruptCheckpointError, HpcCkptError
 from ..topology import encoding_groups
 from .combine import Buffers, gather_combine, map_range
 from .transfer import read_range
-from ..comm import Deferred
+from ..comm import Deferred, InFlight
 from .base import RedundancyLevel
 from .delta import (SEGMENTS_ONLY, Chain, apply_segments, check_delta_info, check_parity_index, delta_info,
                     parity_entries, piece_segments, segment_length, segment_sums_ok)
@@ -269,52 +269,54 @@ class EncodedLevel(RedundancyLevel):
         sbuf = self._buffers.get("dsend", wave * kd * seg).reshape(wave, kd, seg)
         rbuf = self._buffers.get("drecv", wave * m * kd * seg).reshape(wave, m, kd, seg)
         obuf = self._buffers.get("dout", seg)
-        for w0 in range(0, rounds, wave):
-            requests, sends, inputs = [], [], {}
-            for i in range(w0, min(rounds, w0 + wave)):
-                for j, s in my_outputs:
-                    if i < len(unions[s]):
+        with InFlight() as flight:
+            for w0 in range(0, rounds, wave):
+                requests, sends, inputs = [], [], {}
+                for i in range(w0, min(rounds, w0 + wave)):
+                    for j, s in my_outputs:
+                        if i < len(unions[s]):
+                            t = unions[s][i]
+                            n = segment_length(t, seg, piece)
+                            for q, (r, dq) in enumerate(stripe_inputs(s)):
+                                if t in segs[r][dq]:
+                                    requests.append(flight.recv(gcomm, rbuf[i - w0, j, q, :n], r,
+                                                                TAG_DELTA + s * m + j))
+                                    inputs.setdefault((i, j), []).append(q)
+                for i in range(w0, min(rounds, w0 + wave)):
+                    for q in range(kd):
+                        s = (pos - m - q) % k
+                        if i < len(unions[s]) and unions[s][i] in mine[q]:
+                            t = unions[s][i]
+                            n = segment_length(t, seg, piece)
+                            buf = sbuf[i - w0, q, :n]
+                            lo = q * piece + t * seg
+                            v = max(0, min(n, sizes[pos] - lo))
+                            buf[v:] = 0
+                            data_delta(buf[:v], lo)
+                            for j in range(m):
+                                sends.append(flight.send(gcomm, buf, stripe_symbol_owner(k, s, j),
+                                                         TAG_DELTA + s * m + j))
+                                self.sent += n
+                flight.wait(requests)
+                for i in range(w0, min(rounds, w0 + wave)):
+                    for j, s in my_outputs:
+                        if i >= len(unions[s]):
+                            continue
                         t = unions[s][i]
                         n = segment_length(t, seg, piece)
-                        for q, (r, dq) in enumerate(stripe_inputs(s)):
-                            if t in segs[r][dq]:
-                                requests.append(gcomm.Irecv(rbuf[i - w0, j, q, :n], source=r,
-                                                            tag=TAG_DELTA + s * m + j))
-                                inputs.setdefault((i, j), []).append(q)
-            for i in range(w0, min(rounds, w0 + wave)):
-                for q in range(kd):
-                    s = (pos - m - q) % k
-                    if i < len(unions[s]) and unions[s][i] in mine[q]:
-                        t = unions[s][i]
-                        n = segment_length(t, seg, piece)
-                        buf = sbuf[i - w0, q, :n]
-                        lo = q * piece + t * seg
-                        v = max(0, min(n, sizes[pos] - lo))
-                        buf[v:] = 0
-                        data_delta(buf[:v], lo)
-                        for j in range(m):
-                            sends.append(gcomm.Isend(buf, dest=stripe_symbol_owner(k, s, j), tag=TAG_DELTA + s * m + j))
-                            self.sent += n
-            MPI.Request.Waitall(requests)
-            for i in range(w0, min(rounds, w0 + wave)):
-                for j, s in my_outputs:
-                    if i >= len(unions[s]):
-                        continue
-                    t = unions[s][i]
-                    n = segment_length(t, seg, piece)
-                    lo = t * seg
-                    out = obuf[:n]
-                    read_into(fd_par, out, j * piece + lo)
-                    qs = inputs.get((i, j), [])
-                    if qs:
-                        gf_combine_into([out], np.array([[coef[j, q] for q in qs]], np.uint8),
-                                        [rbuf[i - w0, j, q, :n] for q in qs])
-                    sums[j][t] = xxhash.xxh3_64_hexdigest(out)
-                    if fd_out is not None:
-                        deferred.run(storage.pwrite_all, fd_out, out, written)
-                    written += n
-                    index[j].append(t)
-            MPI.Request.Waitall(sends)
+                        lo = t * seg
+                        out = obuf[:n]
+                        read_into(fd_par, out, j * piece + lo)
+                        qs = inputs.get((i, j), [])
+                        if qs:
+                            gf_combine_into([out], np.array([[coef[j, q] for q in qs]], np.uint8),
+                                            [rbuf[i - w0, j, q, :n] for q in qs])
+                        sums[j][t] = xxhash.xxh3_64_hexdigest(out)
+                        if fd_out is not None:
+                            deferred.run(storage.pwrite_all, fd_out, out, written)
+                        written += n
+                        index[j].append(t)
+                flight.wait(sends)
         if fd_out is not None:
             deferred.run(os.ftruncate, fd_out, written)
             os.close(fd_out)

@@ -6,9 +6,9 @@ and reported after the exchange, so a failing disk on one rank never deadlocks t
 import os
 
 import numpy as np
-from mpi4py import MPI
 
 from .. import storage
+from ..comm import InFlight
 
 TAG_META, TAG_DATA = 7101, 7102
 
@@ -58,27 +58,28 @@ def exchange_files(comm, sends, recvs, chunk, deferred, mode=0o600):
     sbufs = [np.empty(chunk, np.uint8) for _ in sends]
     rbufs = [np.empty(chunk, np.uint8) for _ in recvs]
     # 3. rounds: every pair moves one chunk per round
-    for i in range(rounds):
-        requests = []
-        for k, (d, _, src, size) in enumerate(sends):
-            if i < nsend[k]:
-                n = min(chunk, size - i * chunk)
-                if callable(src):
-                    deferred.run(src, sbufs[k][:n], i * chunk)
-                elif send_fds[k] is not None:
-                    deferred.run(read_range, send_fds[k], sbufs[k][:n], i * chunk)
-                requests.append(comm.Isend(sbufs[k][:n], dest=d, tag=TAG_DATA))
-        pending = []
-        for k, (s, _) in enumerate(recvs):
-            if i < nrecv[k]:
-                n = min(chunk, recv_fds[k][1] - i * chunk)
-                requests.append(comm.Irecv(rbufs[k][:n], source=s, tag=TAG_DATA))
-                pending.append((k, n))
-        MPI.Request.Waitall(requests)
-        for k, n in pending:
-            fd = recv_fds[k][0]
-            if fd is not None:
-                deferred.run(storage.pwrite_all, fd, rbufs[k][:n], i * chunk)
+    with InFlight() as flight:
+        for i in range(rounds):
+            requests = []
+            for k, (d, _, src, size) in enumerate(sends):
+                if i < nsend[k]:
+                    n = min(chunk, size - i * chunk)
+                    if callable(src):
+                        deferred.run(src, sbufs[k][:n], i * chunk)
+                    elif send_fds[k] is not None:
+                        deferred.run(read_range, send_fds[k], sbufs[k][:n], i * chunk)
+                    requests.append(flight.send(comm, sbufs[k][:n], d, TAG_DATA))
+            pending = []
+            for k, (s, _) in enumerate(recvs):
+                if i < nrecv[k]:
+                    n = min(chunk, recv_fds[k][1] - i * chunk)
+                    requests.append(flight.recv(comm, rbufs[k][:n], s, TAG_DATA))
+                    pending.append((k, n))
+            flight.wait(requests)
+            for k, n in pending:
+                fd = recv_fds[k][0]
+                if fd is not None:
+                    deferred.run(storage.pwrite_all, fd, rbufs[k][:n], i * chunk)
     for fd in send_fds:
         if fd is not None:
             os.close(fd)
