@@ -3,6 +3,7 @@
 Every rank takes part in every round whatever happens to its files: a local I/O error is kept
 and reported after the exchange, so a failing disk on one rank never deadlocks the others.
 """
+import json
 import os
 
 import numpy as np
@@ -10,7 +11,7 @@ import numpy as np
 from .. import storage
 from ..comm import InFlight
 
-TAG_META, TAG_DATA = 7101, 7102
+TAG_META, TAG_DATA, TAG_META_TEXT = 7101, 7102, 7103
 
 
 def read_range(fd, buf, offset):
@@ -30,7 +31,8 @@ def read_range(fd, buf, offset):
 def exchange_files(comm, sends, recvs, chunk, deferred, mode=0o600):
     """Collective: stream whole files between ranks.
 
-    ``sends``: list of (dest_rank, meta, src_path, size) — ``meta`` is a small JSON-able object;
+    ``sends``: list of (dest_rank, meta, src_path, size) — ``meta`` is a small JSON-able object
+    (sent as JSON text);
     ``src_path`` may instead be a callable ``read(buf, offset)`` that fills ``buf`` with the bytes
     of a virtual stream from ``offset`` (the changed blocks of an incremental step).
     ``recvs``: list of (source_rank, dst_path_for(meta) -> path). Every rank must know its own
@@ -38,11 +40,17 @@ def exchange_files(comm, sends, recvs, chunk, deferred, mode=0o600):
     Returns {source_rank: meta} of what was received. The receiver writes each file with the
     sender's size (truncated or extended), created with ``mode``.
     """
-    # 1. metadata (small, pickled in flight only) and sizes
-    reqs = [comm.isend((meta, size), dest=d, tag=TAG_META) for d, meta, _, size in sends]
-    metas = {s: comm.recv(source=s, tag=TAG_META) for s, _ in recvs}
-    for r in reqs:
-        r.wait()
+    # 1. metadata (a small JSON document) and sizes: a fixed header (its length, the file size), then the text
+    texts = [json.dumps(meta).encode() for _, meta, _, _ in sends]
+    heads = [np.array([len(t), size], np.int64) for t, (_, _, _, size) in zip(texts, sends)]
+    got = [np.zeros(2, np.int64) for _ in recvs]
+    with InFlight() as flight:
+        flight.wait([flight.send(comm, h, d, TAG_META) for h, (d, _, _, _) in zip(heads, sends)]
+                    + [flight.recv(comm, g, s, TAG_META) for g, (s, _) in zip(got, recvs)])
+        bodies = [bytearray(int(g[0])) for g in got]
+        flight.wait([flight.send(comm, t, d, TAG_META_TEXT) for t, (d, _, _, _) in zip(texts, sends)]
+                    + [flight.recv(comm, b, s, TAG_META_TEXT) for b, (s, _) in zip(bodies, recvs)])
+    metas = {s: (json.loads(b), int(g[1])) for b, g, (s, _) in zip(bodies, got, recvs)}
     # 2. open files
     send_fds, recv_fds = [], []
     for d, _, path, size in sends:
