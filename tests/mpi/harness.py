@@ -6,6 +6,7 @@ the launcher's process group) and the MPI's leftovers created during the run, th
 process uses, are removed.
 """
 import dataclasses
+import glob
 import os
 import queue
 import subprocess
@@ -93,3 +94,14 @@ def run_mpi(nprocs, script, *args, env=None, timeout=240, fault_tolerant=False):
                 mpi_launch.kill_job(proc)       # also ranks the launcher left behind
     assert not result.timed_out, f"mpiexec timed out after {timeout} s (every process of the job killed):\n{result}"
     return result
+
+
+def outputs(path):
+    """{file name: bytes} of the .npy files an application wrote to ``path``."""
+    return {os.path.basename(f): open(f, "rb").read() for f in sorted(glob.glob(os.path.join(path, "*.npy")))}
+
+
+def restart_step(res):
+    """The step an application's one "RESTART <step>" line names (None: nothing restored)."""
+    (value,) = res.lines("RESTART")
+    return None if value == "None" else int(value)

@@ -14,8 +14,7 @@ import shutil
 
 import pytest
 
-from harness import run_mpi
-from test_level_conformance import outputs, restart_step
+from harness import outputs, restart_step, run_mpi
 
 pytestmark = pytest.mark.mpi
 NPROCS = 4

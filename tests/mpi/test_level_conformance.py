@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from harness import run_mpi
+from harness import outputs, restart_step, run_mpi
 from hpcckpt.levels.registry import LEVELS, SPECS
 
 pytestmark = pytest.mark.mpi
@@ -27,15 +27,6 @@ def app(root, level, *args, expect_ok=True):
                   "--every", EVERY, "--uneven", "--level", level, "--config-json", json.dumps(cfg), *args)
     assert (res.returncode == 0) == expect_ok, str(res)
     return res
-
-
-def outputs(path):
-    return {os.path.basename(f): open(f, "rb").read() for f in sorted(glob.glob(os.path.join(path, "*.npy")))}
-
-
-def restart_step(res):
-    (value,) = res.lines("RESTART")
-    return None if value == "None" else int(value)
 
 
 def committed_cache_steps(root):

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from harness import run_mpi
+from harness import outputs, restart_step, run_mpi
 
 pytestmark = pytest.mark.mpi
 STEPS, EVERY = 20, 5          # checkpoints at steps 4, 9, 14, 19
@@ -21,10 +21,6 @@ def app(nprocs, cache, *args, rpn=None, env=None, expect_rc=0, **kw):
     return res
 
 
-def outputs(path):
-    return {os.path.basename(f): open(f, "rb").read() for f in sorted(glob.glob(os.path.join(path, "*.npy")))}
-
-
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
     """Failure-free final arrays for 1, 2 and 4 ranks."""
@@ -35,11 +31,6 @@ def references(tmp_path_factory):
         refs[n] = outputs(str(d / "out"))
         assert len(refs[n]) == 3 * n
     return refs
-
-
-def restart_step(res):
-    (value,) = res.lines("RESTART")
-    return None if value == "None" else int(value)
 
 
 def data_files(cache, step):

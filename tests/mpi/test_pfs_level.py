@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from harness import run_mpi
+from harness import outputs, restart_step, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -19,15 +19,6 @@ def app(nprocs, cache, *args, expect_ok=True, config=None, env=None):
                   "--uneven", "--config-json", json.dumps(cfg), *args, env=env)
     assert (res.returncode == 0) == expect_ok, str(res)
     return res
-
-
-def outputs(path):
-    return {os.path.basename(f): open(f, "rb").read() for f in sorted(glob.glob(os.path.join(path, "*.npy")))}
-
-
-def restart_step(res):
-    (value,) = res.lines("RESTART")
-    return None if value == "None" else int(value)
 
 
 def lose_every_cache(root):

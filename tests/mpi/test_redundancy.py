@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from harness import run_mpi
+from harness import outputs, restart_step, run_mpi
 
 pytestmark = pytest.mark.mpi
 STEPS, EVERY = 20, 5          # checkpoints at steps 4, 9, 14, 19; crash at 12 -> restart from 9
@@ -23,10 +23,6 @@ def app(nprocs, cache, level, *args, rpn=1, expect_ok=True, config=None, env=Non
                   EVERY, "--uneven", "--level", level, "--config-json", json.dumps(cfg), *args, env=env)
     assert (res.returncode == 0) == expect_ok, str(res)
     return res
-
-
-def outputs(path):
-    return {os.path.basename(f): open(f, "rb").read() for f in sorted(glob.glob(os.path.join(path, "*.npy")))}
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +38,6 @@ def references(tmp_path_factory):
 def lose_nodes(cache, *nodes):
     for n in nodes:
         shutil.rmtree(os.path.join(cache, f"node{n}"))
-
-
-def restart_step(res):
-    (value,) = res.lines("RESTART")
-    return None if value == "None" else int(value)
 
 
 def crash_lose_restart(nprocs, rpn, level, cache, out, nodes, **kw):

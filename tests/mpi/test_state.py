@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from harness import run_mpi
+from harness import restart_step, run_mpi
 
 pytestmark = pytest.mark.mpi
 STEPS, EVERY, CRASH = 20, 5, 13        # checkpoints 4 and 9 are on disk when rank 1 dies at 13
@@ -25,11 +25,6 @@ def sim(nprocs, root, *args, level="local", config=None, expect_rc=0, name="sim"
     if expect_rc is not None:
         assert res.returncode == expect_rc, str(res)
     return res
-
-
-def restart_step(res):
-    (value,) = res.lines("RESTART")
-    return None if value == "None" else int(value)
 
 
 def load(out):
