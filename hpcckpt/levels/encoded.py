@@ -158,7 +158,7 @@ class EncodedLevel(RedundancyLevel):
         piece = self._piece(sizes, kd)
         coef = code_matrix(kd, m)
         parity_path, _ = self._paths(step)
-        data = deferred.run(map_range, self.cache.data_path(step), 0, sizes[pos])
+        data = deferred.run(self.cache.data_view, manifest)   # the mapping the write left, when kept
         deferred.run(storage.makedirs, self.cache.held_dir(step), self.cache.cfg.dir_mode)
         deferred.run(self.cache.reuse_held_spare, parity_path)
         fd_out = deferred.run(os.open, parity_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, self.cache.cfg.file_mode)

@@ -255,33 +255,40 @@ class LocalCache:
         except (CorruptCheckpointError, OSError):
             return None
         try:
-            kept = self.mappings.find(fd, size)
+            return self._kept_view(fd, size)
         finally:
             os.close(fd)
+
+    def _kept_view(self, fd, size):
+        kept = self.mappings.find(fd, size) if self.mappings is not None and size else None
         if kept is None:
             return None
         whole = np.frombuffer(kept, np.uint8)
         whole.flags.writeable = False
         return whole
 
-    def mapped_arrays(self, manifest):
-        """Read-only views of the arrays of a committed step, memory-mapped from its data file:
-        (name, array, global_shape, global_offset) as the pfs level takes them (no copy). The
-        mapping is populated up front (MAP_POPULATE) rather than faulted in page by page while
-        it is copied to the pfs."""
+    def data_view(self, manifest):
+        """Local: a read-only uint8 view of a written step's whole data file, memory-mapped (no
+        copy): the mapping its write left open (kept_bytes) when there is one, else a new one
+        populated up front (MAP_POPULATE) rather than faulted in page by page. Raises
+        CorruptCheckpointError when the file is missing or not ``manifest.data_size`` long."""
         fd = storage.open_checked(self.data_path(manifest.step), manifest.data_size)
         try:
-            kept = self.mappings.find(fd, manifest.data_size) if self.mappings is not None and manifest.data_size \
-                else None
-            if kept is not None:      # the mapping the write left (storage.Mappings), viewed read-only
-                whole = np.frombuffer(kept, np.uint8)
-                whole.flags.writeable = False
-            else:
-                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-                whole = np.frombuffer(mmap.mmap(fd, manifest.data_size, flags=flags, prot=mmap.PROT_READ),
-                                      np.uint8) if manifest.data_size else np.zeros(0, np.uint8)
+            if not manifest.data_size:
+                return np.zeros(0, np.uint8)
+            kept = self._kept_view(fd, manifest.data_size)
+            if kept is not None:
+                return kept
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            return np.frombuffer(mmap.mmap(fd, manifest.data_size, flags=flags, prot=mmap.PROT_READ), np.uint8)
         finally:
             os.close(fd)
+
+    def mapped_arrays(self, manifest):
+        """Read-only views of the arrays of a committed step, memory-mapped from its data file
+        (data_view): (name, array, global_shape, global_offset) as the pfs level takes them (no
+        copy)."""
+        whole = self.data_view(manifest)
         out = []
         for a in manifest.arrays:
             view = whole[a.offset:a.offset + a.nbytes].view(np.dtype(a.dtype)).reshape(a.shape)

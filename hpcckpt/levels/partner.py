@@ -88,7 +88,7 @@ class PartnerLevel(RedundancyLevel):
                 sends.append((holder, {"manifest": manifest.to_json(), "delta": info}, reader, size))
             else:
                 size = manifest.data_size
-                sends.append((holder, manifest.to_json(), self.cache.data_path(step), size))
+                sends.append((holder, manifest.to_json(), deferred.run(self.cache.data_view, manifest), size))
             self.sent = size
 
         def path_for(src):

@@ -33,8 +33,10 @@ def exchange_files(comm, sends, recvs, chunk, deferred, mode=0o600):
 
     ``sends``: list of (dest_rank, meta, src_path, size) — ``meta`` is a small JSON-able object
     (sent as JSON text);
-    ``src_path`` may instead be a callable ``read(buf, offset)`` that fills ``buf`` with the bytes
-    of a virtual stream from ``offset`` (the changed blocks of an incremental step).
+    ``src_path`` may instead be a uint8 array of ``size`` bytes, sent from where it lies (a
+    mapped data file: no copy into a buffer), a callable ``read(buf, offset)`` that fills ``buf``
+    with the bytes of a virtual stream from ``offset`` (the changed blocks of an incremental
+    step), or None (what could not be read: the exchange goes on, the caller has the error).
     ``recvs``: list of (source_rank, dst_path_for(meta) -> path). Every rank must know its own
     sends and recvs; the pairs must match across ranks (one file per (source, dest) pair).
     Returns {source_rank: meta} of what was received. The receiver writes each file with the
@@ -54,7 +56,8 @@ def exchange_files(comm, sends, recvs, chunk, deferred, mode=0o600):
     # 2. open files
     send_fds, recv_fds = [], []
     for d, _, path, size in sends:
-        send_fds.append(None if callable(path) else deferred.run(os.open, path, os.O_RDONLY | os.O_NOFOLLOW))
+        send_fds.append(deferred.run(os.open, path, os.O_RDONLY | os.O_NOFOLLOW) if isinstance(path, (str, bytes))
+                        else None)
     for s, path_for in recvs:
         meta, size = metas[s]
         path = deferred.run(path_for, meta)
@@ -63,7 +66,7 @@ def exchange_files(comm, sends, recvs, chunk, deferred, mode=0o600):
     nsend = [-(-size // chunk) for _, _, _, size in sends]
     nrecv = [-(-size // chunk) for _, size in recv_fds]
     rounds = max(nsend + nrecv + [0])
-    sbufs = [np.empty(chunk, np.uint8) for _ in sends]
+    sbufs = [None if isinstance(src, np.ndarray) else np.empty(chunk, np.uint8) for _, _, src, _ in sends]
     rbufs = [np.empty(chunk, np.uint8) for _ in recvs]
     # 3. rounds: every pair moves one chunk per round
     with InFlight() as flight:
@@ -72,11 +75,15 @@ def exchange_files(comm, sends, recvs, chunk, deferred, mode=0o600):
             for k, (d, _, src, size) in enumerate(sends):
                 if i < nsend[k]:
                     n = min(chunk, size - i * chunk)
-                    if callable(src):
-                        deferred.run(src, sbufs[k][:n], i * chunk)
-                    elif send_fds[k] is not None:
-                        deferred.run(read_range, send_fds[k], sbufs[k][:n], i * chunk)
-                    requests.append(flight.send(comm, sbufs[k][:n], d, TAG_DATA))
+                    if isinstance(src, np.ndarray):
+                        buf = src[i * chunk:i * chunk + n]
+                    else:
+                        buf = sbufs[k][:n]
+                        if callable(src):
+                            deferred.run(src, buf, i * chunk)
+                        elif send_fds[k] is not None:
+                            deferred.run(read_range, send_fds[k], buf, i * chunk)
+                    requests.append(flight.send(comm, buf, d, TAG_DATA))
             pending = []
             for k, (s, _) in enumerate(recvs):
                 if i < nrecv[k]:
