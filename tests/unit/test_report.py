@@ -90,12 +90,14 @@ def test_a_same_session_measurement_decides_the_fti_targets():
     line = report.fti_target(rows, "pfs", same_work_new_files=True, fti=_session(3.0, 1.9))
     assert "one session" in line and "new files 1.90× / 1.90× at 64/256 MiB" in line
     assert "reuse_files = true: 3.00× / 3.00×" in line and "against the anchors above: 2.50× / 2.50×" in line
-    assert line.endswith("| **not met** |")
+    assert line.endswith("| **not met** at 64 MiB (1.900×), 256 MiB (1.900×) |")
     assert report.fti_target(rows, "pfs", same_work_new_files=True, fti=_session(1.5, 2.1)).endswith("| **met** |")
     # the default (reuse_files = true) ratio decides the other levels; a level the session did
     # not measure is judged against the anchors
-    assert report.fti_target(rows, "local", fti=_session(2.2, 1.1)).endswith("| **met**; new files **not met** |")
-    assert report.fti_target(rows, "local", fti=_session(1.9, 3.0)).endswith("| **not met**; new files **met** |")
+    assert report.fti_target(rows, "local", fti=_session(2.2, 1.1)).endswith(
+        "| **met**; new files **not met** at 64 MiB (1.100×), 256 MiB (1.100×) |")
+    assert report.fti_target(rows, "local", fti=_session(1.9, 3.0)).endswith(
+        "| **not met** at 64 MiB (1.900×), 256 MiB (1.900×); new files **met** |")
     assert "one session" not in report.fti_target(rows, "rs", fti=_session(1.0, 1.0))
 
 
@@ -109,10 +111,16 @@ def test_the_pfs_target_states_what_the_disk_alone_allows():
         r["levels"]["pfs"].update(disk_new_files_x_fti=floor_x, new_files_of_disk_new_files=1.9 / floor_x)
     line = report.fti_target(rows, "pfs", same_work_new_files=True, fti=session)
     assert "allows 1.95× / 2.40× at 64/256 MiB" in line and "reaches 97% / 79% of it" in line
-    assert line.endswith("| **not met** (the disk allows at most 1.95× here) |")
+    assert line.endswith("| **not met** at 64 MiB (1.900×), 256 MiB (1.900×) (the disk allows at most 1.95× there) |")
     for r in session["rows"]:
         r["levels"]["pfs"]["disk_new_files_x_fti"] = 2.4
-    assert report.fti_target(rows, "pfs", same_work_new_files=True, fti=session).endswith("| **not met** |")
+    assert report.fti_target(rows, "pfs", same_work_new_files=True, fti=session).endswith(
+        "| **not met** at 64 MiB (1.900×), 256 MiB (1.900×) |")
+    session["rows"][1]["levels"]["pfs"]["x_fti_new_files"] = 2.1       # met at 256 MiB only
+    session["rows"][0]["levels"]["pfs"]["x_fti_new_files"] = 1.995     # 2.00 at two decimals, still short
+    session["rows"][1]["levels"]["pfs"]["disk_new_files_x_fti"] = 1.9   # the disk's floor where it is met: not quoted
+    assert report.fti_target(rows, "pfs", same_work_new_files=True, fti=session).endswith(
+        "| **not met** at 64 MiB (1.995×) |")
     assert report.disk_floor(None) == [] and report.disk_floor(_session(3.0, 1.9)) == []
 
 
