@@ -127,8 +127,8 @@ def session_target(rows, level, same_work_new_files, factor, fti, in_session):
     short = {s: x for s, x in in_session if x < factor}
     status = mark(not short) + short_of(short)
     if other and not same_work_new_files:
-        status += f"; new files {mark(min(x for _, x in other) >= factor)}" \
-            + short_of({s: x for s, x in other if x < factor})
+        short_new = {s: x for s, x in other if x < factor}
+        status += f"; new files {mark(not short_new)}" + short_of(short_new)
     floor = disk_floor(fti) if same_work_new_files and level == "pfs" else []
     if floor:
         text += ("; the disk alone doing that file work by hand (`disk_new_files`: new files with direct I/O, the "

@@ -260,7 +260,8 @@ class LocalCache:
             os.close(fd)
 
     def _kept_view(self, fd, size):
-        kept = self.mappings.find(fd, size) if self.mappings is not None and size else None
+        """Local: kept_bytes' view for the open file ``fd`` (``size`` > 0 bytes), or None."""
+        kept = self.mappings.find(fd, size) if self.mappings is not None else None
         if kept is None:
             return None
         whole = np.frombuffer(kept, np.uint8)
