@@ -5,8 +5,8 @@ and a warm one (the same directory again: kernels load from the cache).
     python benchmarks/bench_numba.py [--reps 3] [--job-mib 16] [--quick] [--out FILE]
 
 Each sample is a new ``python -c`` process timing, with 1 MiB blocks: ``import hpcckpt``,
-``import hpcckpt.codecs`` (imports Numba), the first xor_into, rs_encode (4+2) and rs_decode
-(2 lost) calls, and the first Checkpointer-free checksum. The warm figures are what every
+``import hpcckpt.codecs`` (no Numba yet), the first xor_into (imports Numba), rs_encode (4+2)
+and rs_decode (2 lost) calls (1 MiB: over rs.KERNEL_MIN_BYTES, so the kernels run), and the first Checkpointer-free checksum. The warm figures are what every
 restarted job pays; the cold ones what the first job on a new machine (or a read-only,
 uncached install) pays. Then what a job sees: the slowest rank's first and second rs
 checkpoint (4 ranks, one node each, --job-mib MiB per rank; it runs the local copy-and-checksum

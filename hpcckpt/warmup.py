@@ -26,7 +26,7 @@ def _copy_and_checksum():
 
 def _gf256_combine():
     from .codecs import rs
-    n = rs.PARALLEL_MIN_BYTES
+    n = max(rs.PARALLEL_MIN_BYTES, rs.KERNEL_MIN_BYTES)     # long enough for the kernel, and its threads
     data = [np.full(n, i + 1, np.uint8) for i in range(4)]
     parity = rs.rs_encode(np.stack(data), 2)                         # aligned: whole words
     odd = [d[1:] for d in data]                                      # misaligned: byte loops

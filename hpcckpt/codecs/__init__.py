@@ -1,10 +1,13 @@
 """Erasure-coding kernels for the XOR and Reed-Solomon levels, and the local level's
 copy-and-checksum kernel (xxh3.py). Local and pure (no MPI, no I/O).
 
-Importing this package loads nothing else: each name loads its module (and Numba) on first
-access, so importing hpcckpt never imports Numba: the first checkpoint does (xxh3.py), and xor
-and rs for their kernels. The Numba kernels compile on their first call and are cached on disk
-(``cache=True``; set NUMBA_CACHE_DIR where the package directory is read-only).
+Importing this package loads nothing else: each name loads its module on first access. Numba
+is loaded only with the first kernel a process needs (xxh3_kernel.py, xor_kernel.py,
+rs_kernel.py): the first array of ``xxh3.FUSED_MIN_BYTES`` or more copied into the cache, the
+first parity buffer of ``rs.KERNEL_MIN_BYTES`` or more; shorter ones are hashed by the xxhash
+library and combined in NumPy, so a job with little data never loads Numba. The kernels
+compile on their first call and are cached on disk (``cache=True``; set NUMBA_CACHE_DIR where
+the package directory is read-only).
 See docs/CODECS.md.
 """
 _NAMES = {   # module -> the public names it defines

@@ -6,170 +6,33 @@ matrix, see gf256.cauchy_matrix). Block b (0 <= b < k + m) is data block b for b
 parity block b - k otherwise; parity_j = XOR_i P[j, i] * data_i, byte by byte. All blocks have
 the same length n (padding is the caller's job). Any k of the k + m blocks recover the data.
 
-Kernel: ``_gf_kernel`` computes outs[j] ^= XOR_i C[j, i] * ins[i] for all j and i in one pass
-over the inputs: the buffers are walked in chunks that stay in L1 cache, and within a chunk
-each 8-byte word x of an input is split once into its 8 bit-masks (byte-wise 0x00/0xff masks of
-bit b, shared by all outputs) and each product is XOR_b (mask_b & broadcast(c * 2^b)); plain
-uint64 operations that LLVM vectorises (SWAR, no table lookups). Inputs whose coefficients are
-all 0 or 1 (data block 0 and parity 0 with the normalised Cauchy matrix) take a plain XOR path.
+Kernel: ``_gf_kernel`` (rs_kernel.py, imported on first use) computes
+outs[j] ^= XOR_i C[j, i] * ins[i] for all j and i in one pass over the inputs: the buffers are
+walked in chunks that stay in L1 cache, and within a chunk each 8-byte word x of an input is
+split once into its 8 bit-masks (byte-wise 0x00/0xff masks of bit b, shared by all outputs)
+and each product is XOR_b (mask_b & broadcast(c * 2^b)); plain uint64 operations that LLVM
+vectorises (SWAR, no table lookups). Inputs whose coefficients are all 0 or 1 (data block 0
+and parity 0 with the normalised Cauchy matrix) take a plain XOR path.
 Unaligned buffers and the n % 8 tail use the 256 x 256 multiplication table byte by byte.
-Compiled lazily on first call, ``cache=True``. NumPy references (``*_numpy``) sit beside.
+Compiled lazily on first call, ``cache=True``. Buffers shorter than ``KERNEL_MIN_BYTES`` are
+combined in NumPy instead, so that a job with little data never loads Numba. NumPy references
+(``*_numpy``) sit beside.
 """
 import numbers
 
-import numba
 import numpy as np
-from numba import carray, njit, prange
 
 from ..errors import HpcCkptError
 from .gf256 import MUL_TABLE, cauchy_matrix, check_code_params, encoding_matrix, gf_matinv
-from .xor import _check_vector, _u64p, _u8p
+from .xor import _check_vector
 
-CHUNK_BYTES = 8192
-"""Bytes per chunk and block in the kernel's loops."""
+KERNEL_MIN_BYTES = 256 << 10
+"""Buffers shorter than this are combined in NumPy (``_combine_numpy``): a process whose
+buffers are all short never loads Numba (about half a second of CPU per process), and the
+kernel's speed matters only for long ones."""
 
 PARALLEL_MIN_BYTES = 1 << 20
 """With threads > 1, buffers shorter than this still run on one thread."""
-
-_ONES = np.uint64(0x0101010101010101)
-_S1, _S2, _S3, _S4 = np.uint64(1), np.uint64(2), np.uint64(3), np.uint64(4)
-_S5, _S6, _S7, _S8 = np.uint64(5), np.uint64(6), np.uint64(7), np.uint64(8)
-
-
-@njit(inline="always")
-def _ex(t):
-    """Bytes 0x00/0x01 -> 0x00/0xff (no carries cross bytes; the top byte wraps mod 2^64)."""
-    return (t << _S8) - t
-
-
-@njit(inline="always")
-def _bits(x):
-    """The 8 byte-wise masks of bits 0..7 of the bytes of x."""
-    return (_ex(x & _ONES), _ex((x >> _S1) & _ONES), _ex((x >> _S2) & _ONES),
-            _ex((x >> _S3) & _ONES), _ex((x >> _S4) & _ONES), _ex((x >> _S5) & _ONES),
-            _ex((x >> _S6) & _ONES), _ex((x >> _S7) & _ONES))
-
-
-@njit(inline="always")
-def _dot(b, c):
-    """c * x for the bytes of x given as bit masks b and c's broadcast multiples c * 2^i."""
-    return ((b[0] & c[0]) ^ (b[1] & c[1]) ^ (b[2] & c[2]) ^ (b[3] & c[3])
-            ^ (b[4] & c[4]) ^ (b[5] & c[5]) ^ (b[6] & c[6]) ^ (b[7] & c[7]))
-
-
-@njit(inline="always")
-def _consts(bc, j, i):
-    return (bc[j, i, 0], bc[j, i, 1], bc[j, i, 2], bc[j, i, 3],
-            bc[j, i, 4], bc[j, i, 5], bc[j, i, 6], bc[j, i, 7])
-
-
-@njit(inline="always")
-def _mac1(o0, d, L, ca):
-    for w in range(L):
-        b = _bits(d[w])
-        o0[w] ^= _dot(b, ca)
-
-
-@njit(inline="always")
-def _mac2(o0, o1, d, L, ca, cb):
-    for w in range(L):
-        b = _bits(d[w])
-        o0[w] ^= _dot(b, ca)
-        o1[w] ^= _dot(b, cb)
-
-
-@njit(inline="always")
-def _mac3(o0, o1, o2, d, L, ca, cb, cc):
-    for w in range(L):
-        b = _bits(d[w])
-        o0[w] ^= _dot(b, ca)
-        o1[w] ^= _dot(b, cb)
-        o2[w] ^= _dot(b, cc)
-
-
-@njit(inline="always")
-def _mac4(o0, o1, o2, o3, d, L, ca, cb, cc, cd):
-    for w in range(L):
-        b = _bits(d[w])
-        o0[w] ^= _dot(b, ca)
-        o1[w] ^= _dot(b, cb)
-        o2[w] ^= _dot(b, cc)
-        o3[w] ^= _dot(b, cd)
-
-
-@njit(inline="always")
-def _words_chunk(out_addrs, in_addrs, coeffs, bc, simple, off, L):
-    """One chunk of L words at byte offset off, all inputs and outputs."""
-    m = out_addrs.size
-    for i in range(in_addrs.size):
-        d = carray(_u64p(in_addrs[i] + off), (L,))
-        if simple[i]:                       # coefficients 0/1 only: plain XOR
-            for j in range(m):
-                if coeffs[j, i]:
-                    o = carray(_u64p(out_addrs[j] + off), (L,))
-                    for w in range(L):
-                        o[w] ^= d[w]
-            continue
-        j = 0
-        while j < m:                        # outputs in groups of up to 4 share the bit masks
-            r = m - j
-            o0 = carray(_u64p(out_addrs[j] + off), (L,))
-            if r == 1:
-                _mac1(o0, d, L, _consts(bc, j, i))
-                j += 1
-            elif r == 2 or r == 6:
-                o1 = carray(_u64p(out_addrs[j + 1] + off), (L,))
-                _mac2(o0, o1, d, L, _consts(bc, j, i), _consts(bc, j + 1, i))
-                j += 2
-            elif r == 3 or r == 7:
-                o1 = carray(_u64p(out_addrs[j + 1] + off), (L,))
-                o2 = carray(_u64p(out_addrs[j + 2] + off), (L,))
-                _mac3(o0, o1, o2, d, L, _consts(bc, j, i), _consts(bc, j + 1, i),
-                      _consts(bc, j + 2, i))
-                j += 3
-            else:
-                o1 = carray(_u64p(out_addrs[j + 1] + off), (L,))
-                o2 = carray(_u64p(out_addrs[j + 2] + off), (L,))
-                o3 = carray(_u64p(out_addrs[j + 3] + off), (L,))
-                _mac4(o0, o1, o2, o3, d, L, _consts(bc, j, i), _consts(bc, j + 1, i),
-                      _consts(bc, j + 2, i), _consts(bc, j + 3, i))
-                j += 4
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
-def _gf_kernel(out_addrs, in_addrs, coeffs, bc, simple, table, start, stop, words):
-    """outs[j][start:stop] ^= XOR_i coeffs[j, i] * ins[i][start:stop] (addresses of uint8
-    buffers). words: all buffers 8-byte aligned and start % 8 == 0."""
-    pos = start
-    if words:
-        cw = CHUNK_BYTES // 8
-        nw = (stop - start) // 8
-        for c0 in range(0, nw, cw):
-            _words_chunk(out_addrs, in_addrs, coeffs, bc, simple, start + c0 * 8, min(cw, nw - c0))
-        pos = start + nw * 8
-    # byte path: the tail, or everything for unaligned buffers (table lookups)
-    for c0 in range(pos, stop, CHUNK_BYTES):
-        L = min(CHUNK_BYTES, stop - c0)
-        for i in range(in_addrs.size):
-            d = carray(_u8p(in_addrs[i] + c0), (L,))
-            for j in range(out_addrs.size):
-                c = coeffs[j, i]
-                if c == 0:
-                    continue
-                o = carray(_u8p(out_addrs[j] + c0), (L,))
-                row = table[c]
-                for w in range(L):
-                    o[w] ^= row[d[w]]
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _gf_kernel_parallel(out_addrs, in_addrs, coeffs, bc, simple, table, nbytes, words, nparts):
-    """_gf_kernel split into nparts contiguous byte ranges run on Numba's thread pool."""
-    for t in prange(nparts):
-        s = (nbytes * t // nparts) // 8 * 8
-        e = nbytes if t == nparts - 1 else (nbytes * (t + 1) // nparts) // 8 * 8
-        _gf_kernel(out_addrs, in_addrs, coeffs, bc, simple, table, s, e, words)
-
 
 def _broadcast_consts(coeffs):
     """bc[j, i, b] = (coeffs[j, i] * 2^b) repeated in all 8 bytes of a uint64."""
@@ -211,6 +74,7 @@ def _resolve_threads(threads, nbytes):
         raise HpcCkptError(f"threads must be an int >= 1, got {threads!r}")
     if threads == 1 or nbytes < PARALLEL_MIN_BYTES:
         return 1
+    import numba
     return max(1, min(int(threads), numba.get_num_threads()))
 
 
@@ -225,16 +89,32 @@ def _combine(out_rows, in_rows, coeffs, threads=1):
         for i, d in enumerate(in_rows):
             if np.may_share_memory(o, d):
                 raise HpcCkptError(f"output {j} overlaps input {i}")
+    nt = _resolve_threads(threads, n)
+    if n < KERNEL_MIN_BYTES:
+        _combine_numpy(out_rows, in_rows, coeffs)
+        return
+    from . import rs_kernel          # Numba, on first use
     out_addrs = np.array([o.ctypes.data for o in out_rows], dtype=np.int64)
     in_addrs = np.array([d.ctypes.data for d in in_rows], dtype=np.int64)
     words = not (np.any(out_addrs % 8) or np.any(in_addrs % 8))
     bc = _broadcast_consts(coeffs)
     simple = np.all(coeffs <= 1, axis=0)
-    nt = _resolve_threads(threads, n)
     if nt > 1:
-        _gf_kernel_parallel(out_addrs, in_addrs, coeffs, bc, simple, MUL_TABLE, n, words, nt)
+        rs_kernel._gf_kernel_parallel(out_addrs, in_addrs, coeffs, bc, simple, MUL_TABLE, n, words, nt)
     else:
-        _gf_kernel(out_addrs, in_addrs, coeffs, bc, simple, MUL_TABLE, 0, n, words)
+        rs_kernel._gf_kernel(out_addrs, in_addrs, coeffs, bc, simple, MUL_TABLE, 0, n, words)
+
+
+def _combine_numpy(out_rows, in_rows, coeffs):
+    """_combine for short buffers, in NumPy: coefficient 1 is a plain XOR, 0 nothing, any other
+    a lookup in its row of the multiplication table (one temporary)."""
+    for j, o in enumerate(out_rows):
+        for i, d in enumerate(in_rows):
+            c = coeffs[j, i]
+            if c == 1:
+                np.bitwise_xor(o, d, out=o)
+            elif c:
+                np.bitwise_xor(o, MUL_TABLE[c][d], out=o)
 
 
 def gf_combine_into(outs, coeffs, inputs, *, threads=1):

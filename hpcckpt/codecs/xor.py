@@ -1,8 +1,9 @@
 """XOR parity kernels (the XOR level's arithmetic). Local and pure: no MPI, no I/O.
 
-Each kernel is a Numba function compiled lazily on its first call (``cache=True``, so later
-processes load the machine code from the Numba cache) with a NumPy reference implementation
-beside it (``*_numpy``) that the tests compare against.
+The kernel is a Numba function (xor_kernel.py, imported on first use: importing this module
+loads no Numba) compiled lazily on its first call (``cache=True``, so later processes load the
+machine code from the Numba cache) with a NumPy reference implementation beside it
+(``*_numpy``) that the tests compare against.
 
 The kernels walk the buffers once, in chunks that stay in L1 cache: for every chunk the output
 chunk is formed from the first (up to four) inputs and the remaining inputs are folded in while
@@ -15,110 +16,18 @@ The kernels receive buffer addresses rather than arrays, so one compiled version
 number of inputs, alignment and writeability; the Python wrappers validate the arrays and keep
 them alive for the call.
 """
+import functools
+
 import numpy as np
-from numba import carray, njit, types
-from numba.extending import intrinsic
 
 from ..errors import HpcCkptError
 
-CHUNK_BYTES = 8192
-"""Bytes per chunk in the kernels' inner loops (fits L1 together with its inputs)."""
 
-
-@intrinsic
-def _u64p(typingctx, addr):
-    """int64 address -> uint64 pointer (for numba.carray)."""
-    sig = types.CPointer(types.uint64)(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-    return sig, codegen
-
-
-@intrinsic
-def _u8p(typingctx, addr):
-    """int64 address -> uint8 pointer (for numba.carray)."""
-    sig = types.CPointer(types.uint8)(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-    return sig, codegen
-
-
-@njit(inline="always")
-def _xor_chunk(o, ins, i0, cnt, L, first):
-    """o[:L] (=|^=) XOR of ins[i0:i0+cnt] (cnt in 1..4); ``first`` assigns instead of XOR."""
-    a = ins[i0]
-    if cnt == 1:
-        if first:
-            for w in range(L):
-                o[w] = a[w]
-        else:
-            for w in range(L):
-                o[w] ^= a[w]
-    elif cnt == 2:
-        b = ins[i0 + 1]
-        if first:
-            for w in range(L):
-                o[w] = a[w] ^ b[w]
-        else:
-            for w in range(L):
-                o[w] ^= a[w] ^ b[w]
-    elif cnt == 3:
-        b = ins[i0 + 1]
-        c = ins[i0 + 2]
-        if first:
-            for w in range(L):
-                o[w] = a[w] ^ b[w] ^ c[w]
-        else:
-            for w in range(L):
-                o[w] ^= a[w] ^ b[w] ^ c[w]
-    else:
-        b = ins[i0 + 1]
-        c = ins[i0 + 2]
-        d = ins[i0 + 3]
-        if first:
-            for w in range(L):
-                o[w] = a[w] ^ b[w] ^ c[w] ^ d[w]
-        else:
-            for w in range(L):
-                o[w] ^= a[w] ^ b[w] ^ c[w] ^ d[w]
-
-
-@njit(inline="always")
-def _xor_fold(o, ins, L, first):
-    """Fold all of ins into o[:L]: the first group of up to 4, then groups of up to 3."""
-    k = len(ins)
-    cnt = min(k, 4)
-    _xor_chunk(o, ins, 0, cnt, L, first)
-    i = cnt
-    while i < k:
-        cnt = min(k - i, 3)
-        _xor_chunk(o, ins, i, cnt, L, False)
-        i += cnt
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
-def _xor_kernel(out_addr, in_addrs, nbytes, words, first):
-    """out = XOR(inputs) (or out ^= XOR(inputs) when not ``first``) over nbytes bytes.
-
-    words: every address is 8-byte aligned, so whole words go through uint64 loops.
-    """
-    k = in_addrs.size
-    done = 0
-    if words:
-        nw = nbytes // 8
-        cw = CHUNK_BYTES // 8
-        for c0 in range(0, nw, cw):
-            L = min(cw, nw - c0)
-            off = c0 * 8
-            ins = [carray(_u64p(in_addrs[i] + off), (L,)) for i in range(k)]
-            _xor_fold(carray(_u64p(out_addr + off), (L,)), ins, L, first)
-        done = nw * 8
-    for c0 in range(done, nbytes, CHUNK_BYTES):
-        L = min(CHUNK_BYTES, nbytes - c0)
-        ins8 = [carray(_u8p(in_addrs[i] + c0), (L,)) for i in range(k)]
-        _xor_fold(carray(_u8p(out_addr + c0), (L,)), ins8, L, first)
+@functools.cache
+def _kernel():
+    """The compiled XOR kernel (imports Numba on first use)."""
+    from .xor_kernel import _xor_kernel
+    return _xor_kernel
 
 
 def _check_vector(a, name, n=None, writeable=False):
@@ -169,7 +78,7 @@ def xor_into(out, blocks):
         raise HpcCkptError("out appears more than four times among blocks")
     addrs = np.array([blocks[i].ctypes.data for i in order], dtype=np.int64)
     words = bool(o0 % 8 == 0 and not np.any(addrs % 8))
-    _xor_kernel(o0, addrs, n, words, True)
+    _kernel()(o0, addrs, n, words, True)
     return out
 
 
@@ -187,7 +96,7 @@ def xor_accumulate(acc, block):
         raise HpcCkptError("acc partially overlaps block")
     a0 = acc.ctypes.data
     b0 = block.ctypes.data
-    _xor_kernel(a0, np.array([b0], dtype=np.int64), acc.size, a0 % 8 == 0 and b0 % 8 == 0, False)
+    _kernel()(a0, np.array([b0], dtype=np.int64), acc.size, a0 % 8 == 0 and b0 % 8 == 0, False)
     return acc
 
 

@@ -22,6 +22,8 @@ compare the kernel and the whole digest against (and the whole digest against xx
 
 The compiled kernel is checked against the xxhash library once per process
 (``fused_available``); if that check fails, callers fall back to copying and hashing separately.
+Arrays shorter than ``FUSED_MIN_BYTES`` take that two-pass path too: a job whose arrays are all
+short never loads Numba.
 """
 import functools
 import logging
@@ -35,6 +37,10 @@ from ..errors import HpcCkptError
 log = logging.getLogger("hpcckpt")
 
 MIDSIZE_MAX = 240          # inputs up to this size use other XXH3 paths: left to the xxhash library
+FUSED_MIN_BYTES = 1 << 20
+"""Arrays shorter than this are copied, then hashed by the xxhash library: for them the second
+pass costs less than loading Numba (about half a second of CPU, once per process), so a job
+whose arrays are all short never loads it."""
 STRIPE_BYTES = 64
 BLOCK_BYTES = 1024         # 16 stripes; (secret size - 64) / 8 = 16 with the 192-byte default secret
 BLOCK_WORDS = BLOCK_BYTES // 8
@@ -190,14 +196,15 @@ def copy_and_hash(src, dst, chunk, after_chunk=None):
     With ``after_chunk``, works through ``chunk`` bytes at a time and calls ``after_chunk(done)``
     after each, ``done`` being how many leading bytes of ``dst`` are now final (a test hook, and
     the pfs flush that writes them out while the rest is copied); without, copies the whole array
-    in one kernel call. Inputs of 240 bytes or less, a
+    in one kernel call. Arrays shorter than ``FUSED_MIN_BYTES``, a
     source not 8-byte aligned or a destination not 64-byte aligned, and machines where the kernel
     failed its check are copied and hashed separately (the same digest, one more pass).
     """
     n = src.size
     if dst.size != n:
         raise HpcCkptError(f"copy_and_hash: the source has {n} bytes, the destination {dst.size}")
-    if n > MIDSIZE_MAX and src.ctypes.data % 8 == 0 and dst.ctypes.data % 64 == 0 and fused_available():
+    if n >= max(FUSED_MIN_BYTES, MIDSIZE_MAX + 1) and src.ctypes.data % 8 == 0 and dst.ctypes.data % 64 == 0 \
+            and fused_available():
         return _copy_and_hash_fused(src, dst, chunk, after_chunk)
     hasher = xxhash.xxh3_64()
     for start in range(0, n, chunk):

@@ -40,10 +40,10 @@ def lose_nodes(cache, *nodes):
         shutil.rmtree(os.path.join(cache, f"node{n}"))
 
 
-def crash_lose_restart(nprocs, rpn, level, cache, out, nodes, **kw):
-    app(nprocs, cache, level, "--crash-at", 12, "--crash-rank", nprocs - 1, rpn=rpn, expect_ok=False, **kw)
+def crash_lose_restart(nprocs, rpn, level, cache, out, nodes, *args, **kw):
+    app(nprocs, cache, level, "--crash-at", 12, "--crash-rank", nprocs - 1, *args, rpn=rpn, expect_ok=False, **kw)
     lose_nodes(cache, *nodes)
-    return app(nprocs, cache, level, "--out", out, rpn=rpn, **kw)
+    return app(nprocs, cache, level, "--out", out, *args, rpn=rpn, **kw)
 
 
 @pytest.mark.parametrize("level", ["partner", "xor", "rs"])
@@ -55,6 +55,17 @@ def test_one_node_lost_is_rebuilt_bitwise(level, nprocs, rpn, shm_dir, tmp_path,
     assert restart_step(res) == 9, str(res)
     assert "rebuilt rank(s)" in res.stderr
     assert outputs(tmp_path / "out") == references[nprocs]
+
+
+@pytest.mark.parametrize("level", ["xor", "rs"])
+def test_a_job_with_small_arrays_never_loads_numba(level, shm_dir, tmp_path, references):
+    # every array under codecs.xxh3.FUSED_MIN_BYTES and every parity buffer under
+    # codecs.rs.KERNEL_MIN_BYTES: checksums, parity and the rebuild all run without Numba
+    res = crash_lose_restart(4, 1, level, shm_dir, tmp_path / "out", [1, 2] if level == "rs" else [1],
+                             "--report-numba")
+    assert restart_step(res) == 9 and "rebuilt rank(s)" in res.stderr, str(res)
+    assert outputs(tmp_path / "out") == references[4]
+    assert sorted(res.lines("NUMBA")) == [f"rank={r} loaded=False" for r in range(4)], str(res)
 
 
 @pytest.mark.parametrize("level", ["partner", "xor"])

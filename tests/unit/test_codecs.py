@@ -18,6 +18,14 @@ def rng():
     return np.random.default_rng(12345)
 
 
+@pytest.fixture(autouse=True)
+def kernel_at_every_size(monkeypatch):
+    """The tests below compare the Numba kernels with the references at every size: short
+    buffers take the kernel too (by default they are combined in NumPy: rs.KERNEL_MIN_BYTES)."""
+    from hpcckpt.codecs import rs
+    monkeypatch.setattr(rs, "KERNEL_MIN_BYTES", 0)
+
+
 def _unaligned(a, shift=3):
     """A copy of 1-D a whose data starts `shift` bytes past an 8-byte boundary."""
     buf = np.empty(a.size + 8, dtype=np.uint8)
@@ -43,11 +51,33 @@ def _peasant(a, b):
 
 # ----------------------------------------------------------------------------- import / laziness
 
-def test_import_compiles_nothing():
-    code = ("import hpcckpt.codecs.xor as x, hpcckpt.codecs.rs as r\n"
-            "assert not x._xor_kernel.signatures and not r._gf_kernel.signatures\n"
-            "assert not r._gf_kernel_parallel.signatures\n")
+def test_import_loads_no_numba():
+    code = ("import sys, numpy as np, hpcckpt.codecs.xor, hpcckpt.codecs.rs as r\n"
+            "assert 'numba' not in sys.modules\n"
+            "out = np.zeros(1000, np.uint8)\n"     # short: combined in NumPy
+            "r.gf_combine_into([out], [[1, 7]], [np.ones(1000, np.uint8), np.full(1000, 2, np.uint8)])\n"
+            "assert 'numba' not in sys.modules and (out == 1 ^ 14).all()\n"
+            "from hpcckpt.codecs import rs_kernel as k, xor_kernel as x\n"
+            "assert not x._xor_kernel.signatures and not k._gf_kernel.signatures\n"
+            "assert not k._gf_kernel_parallel.signatures\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_short_buffers_are_combined_in_numpy_long_ones_by_the_kernel(rng, monkeypatch):
+    from hpcckpt.codecs import rs
+    monkeypatch.setattr(rs, "KERNEL_MIN_BYTES", 4096)
+    used = []
+    real = rs._combine_numpy
+    monkeypatch.setattr(rs, "_combine_numpy", lambda *a: used.append(a[0][0].size) or real(*a))
+    for n in (1, 13, 4095, 4096, 4103):
+        for shift in (0, 3):
+            ins = [_unaligned(r, shift) for r in rng.integers(0, 256, (4, n), dtype=np.uint8)]
+            coeffs = rng.integers(0, 256, (2, 4)).astype(np.uint8)
+            coeffs[0] = [1, 0, 1, 1]
+            start = rng.integers(0, 256, (2, n), dtype=np.uint8)
+            ref = C.gf_combine_into_numpy(start.copy(), coeffs, ins)
+            assert np.array_equal(C.gf_combine_into(start.copy(), coeffs, ins), ref), (n, shift)
+    assert used == [1, 1, 13, 13, 4095, 4095]
 
 
 # ----------------------------------------------------------------------------- XOR

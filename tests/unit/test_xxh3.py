@@ -20,6 +20,13 @@ def rng():
     return np.random.default_rng(20261203)
 
 
+@pytest.fixture(autouse=True)
+def kernel_at_every_size(monkeypatch):
+    """The tests below take the kernel at every size over 240 bytes (by default arrays shorter
+    than xxh3.FUSED_MIN_BYTES are copied and hashed in two passes)."""
+    monkeypatch.setattr(xxh3, "FUSED_MIN_BYTES", 0)
+
+
 def _at(nbytes, misalign=0):
     """An uint8 array of nbytes whose data starts ``misalign`` bytes past a 64-byte boundary."""
     raw = np.empty(nbytes + 128, np.uint8)
@@ -141,6 +148,19 @@ def test_aligned_inputs_take_the_kernel(rng, monkeypatch):
     xxh3.copy_and_hash(src[:240], _at(240), 4096)     # the xxhash library's short-input paths
     xxh3.copy_and_hash(src, _at(5000, 8), 4096)       # destination not 64-byte aligned
     assert used == [1]
+    monkeypatch.setattr(xxh3, "FUSED_MIN_BYTES", 5001)  # shorter arrays: two passes, no Numba needed
+    assert xxh3.copy_and_hash(src, _at(5000), 4096) == xxhash.xxh3_64_intdigest(src)
+    assert used == [1]
+
+
+def test_a_short_array_loads_no_numba():
+    code = ("import sys, numpy as np, xxhash\n"
+            "from hpcckpt.codecs import xxh3\n"
+            "src = np.arange(xxh3.FUSED_MIN_BYTES - 1, dtype=np.uint64).view(np.uint8)[:xxh3.FUSED_MIN_BYTES - 1]\n"
+            "dst = np.empty_like(src)\n"
+            "assert xxh3.copy_and_hash(src, dst, 1 << 16) == xxhash.xxh3_64_intdigest(src)\n"
+            "assert (dst == src).all() and 'numba' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_a_kernel_that_fails_its_check_is_not_used(rng, monkeypatch, caplog):

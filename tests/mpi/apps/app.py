@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -42,6 +43,7 @@ p.add_argument("--policy-loop", action="store_true", help="checkpoint when need_
 p.add_argument("--scavenge", action="store_true", help="call scavenge() at the end, print SCAVENGED <step>")
 p.add_argument("--wait-after", action="store_true", help="ckpt.wait() after every checkpoint (background work done)")
 p.add_argument("--extra-array-on-rank", type=int, default=-1, help="this rank protects one more array")
+p.add_argument("--report-numba", action="store_true", help="print NUMBA rank=R loaded=True|False at the end")
 a = p.parse_args()
 
 
@@ -135,6 +137,8 @@ try:  # an error hpcckpt raised on every rank leaves the block on every rank (no
                 np.save(os.path.join(a.out, f"rank_{rank}_{name}.npy"), arr)
 except hpcckpt.HpcCkptError:
     raise SystemExit(3)
+if a.report_numba:
+    say(f"NUMBA rank={rank} loaded={'numba' in sys.modules}")
 comm.Barrier()
 if rank == 0:
     print("DONE", flush=True)
