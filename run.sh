@@ -70,6 +70,11 @@ setup() {   # setup VENV EXTRA: create (or reuse) VENV with hpcckpt[EXTRA,test];
   fi
   echo "== hpcckpt warmup ($venv): $(grep -c 'compiled and cached' <<<"$out") kernel(s) compiled," \
        "$(grep -c 'loaded from the cache' <<<"$out") loaded from $NUMBA_CACHE_DIR"
+  # Bytecode for hpcckpt, the tests' applications and the benchmarks, written once here: where
+  # PYTHONDONTWRITEBYTECODE is set, every rank of every job would otherwise compile them from
+  # source (~0.1 s of CPU per process); a source edited later is simply compiled in memory again.
+  "$venv/bin/python" -m compileall -q hpcckpt tests benchmarks >/dev/null ||
+    echo "run.sh: compileall failed (the jobs compile the modules themselves)" >&2
 }
 BASE_PATH=$PATH
 MPICH_VENV=${HPCCKPT_VENV:-.venv}
