@@ -41,7 +41,7 @@ def selection_text():
     n, size = len(reliability.partition(pool, reliability.SLICE_SIZE)), reliability.SLICE_SIZE
     return [f"Which matrix cases a run without `RELIABILITY_FULL=1` runs: a representative default subset "
             f"({len(keys) - len(pool)})",
-            f"always, plus one *slice* of the other {len(pool)} (at most {size} cases, about 1.5-2 minutes on 2 cores).",
+            f"always, plus one *slice* of the other {len(pool)} (at most {size} cases, under a minute on 2 cores).",
             f"The {len(pool)} are sorted by case id and dealt into {n} slices (case i into slice i mod {n}, so each slice",
             "mixes levels, placements and faults; every case is in exactly one); slice `seed mod "
             f"{n}` runs, the",
