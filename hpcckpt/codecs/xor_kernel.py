@@ -8,24 +8,20 @@ CHUNK_BYTES = 8192
 """Bytes per chunk in the kernels' inner loops (fits L1 together with its inputs)."""
 
 
-@intrinsic
-def _u64p(typingctx, addr):
-    """int64 address -> uint64 pointer (for numba.carray)."""
-    sig = types.CPointer(types.uint64)(types.int64)
+def _pointer_intrinsic(item):
+    """An intrinsic: int64 address -> pointer to ``item`` values (for numba.carray)."""
+    @intrinsic
+    def to_pointer(typingctx, addr):
+        sig = types.CPointer(item)(types.int64)
 
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+        return sig, codegen
+    return to_pointer
 
 
-@intrinsic
-def _u8p(typingctx, addr):
-    """int64 address -> uint8 pointer (for numba.carray)."""
-    sig = types.CPointer(types.uint8)(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-    return sig, codegen
+_u64p = _pointer_intrinsic(types.uint64)
+_u8p = _pointer_intrinsic(types.uint8)
 
 
 @njit(inline="always")
