@@ -18,6 +18,7 @@ import json
 import os
 import resource
 import signal
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -50,6 +51,19 @@ rank = comm.rank
 
 def say(line):
     os.write(1, (line + "\n").encode())
+
+
+def fd_count(floor):
+    """Open file descriptors of this process. The library's removal threads hold a directory
+    open for a moment while they work, so a count above ``floor`` (the lowest so far) is taken
+    again for up to 2 s: only descriptors that stay open count."""
+    n = len(os.listdir("/proc/self/fd"))
+    for _ in range(40):
+        if floor is None or n <= floor:
+            break
+        time.sleep(0.05)
+        n = len(os.listdir("/proc/self/fd"))
+    return n
 
 
 def tree_bytes(path):
@@ -152,7 +166,8 @@ try:  # an error hpcckpt raised on every rank leaves the block on every rank (no
                 if rank == 0:
                     say(f"CKPT {info.step} {info.level}")
                 if a.soak and count % a.soak == 0:
-                    fds = len(os.listdir("/proc/self/fd"))
+                    fds = fd_count(base_fds)
+                    base_fds = fds if base_fds is None else min(base_fds, fds)
                     with open("/proc/self/status") as f:
                         rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
                     comm.Barrier()
