@@ -36,6 +36,7 @@ import uuid
 import numpy as np
 
 from . import faults, manifest as mf, slurm, state as st
+from .codecs import xxh3
 from .codecs.checksum import digest
 from .comm import (U64_MAX, Collective, Deferred, agree, is_collective, is_process_failure, mark_collective,
                    print_abort_notice, reduce_sum_max)
@@ -709,6 +710,20 @@ class Checkpointer:
 
         ``state`` must hold the same keys as the checkpointed dict: arrays of the same shape and
         dtype are filled in place, other entries are replaced (docs/PORTING.md)."""
+        step = self._restart(state)
+        self._preload_kernel()
+        return step
+
+    def _preload_kernel(self):
+        """Local: when a protected array will need the copy-and-checksum kernel, load Numba and
+        the kernel in a background thread (xxh3.preload) while the application computes towards
+        its first checkpoint (after restart(), so as not to slow the restart down)."""
+        if self.config.write_method == "mmap" and any(p.array.nbytes >= xxh3.FUSED_MIN_BYTES
+                                                       for p in self._arrays.values()):
+            xxh3.preload()
+
+    def _restart(self, state):
+        """Collective: restart() without the kernel's preload."""
         self._check_open()
         self._finish_flush(raise_error=True)
         if self.config.start == "fresh":

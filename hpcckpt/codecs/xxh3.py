@@ -28,6 +28,7 @@ short never loads Numba.
 import functools
 import logging
 import sys
+import threading
 
 import numpy as np
 import xxhash
@@ -184,6 +185,29 @@ def fused_available():
     return True
 
 
+_preload = None
+
+
+def preload():
+    """Local: start loading the kernel (``fused_available``) in a background thread, once per
+    process, so that the first array of ``FUSED_MIN_BYTES`` or more does not wait for Numba
+    (``Checkpointer.restart`` calls it when such an array is protected). ``copy_and_hash``
+    waits for it."""
+    global _preload
+    if _preload is None:
+        # not a daemon: an interpreter that exits meanwhile waits for it rather than tearing
+        # Numba and LLVM down under it
+        _preload = threading.Thread(target=fused_available, name="hpcckpt-kernel-load", daemon=False)
+        _preload.start()
+
+
+def _fused_ready():
+    """fused_available(), after a preload() thread has finished (local)."""
+    if _preload is not None and _preload.is_alive():
+        _preload.join()
+    return fused_available()
+
+
 def _aligned_empty(nbytes, alignment=64):
     raw = np.empty(nbytes + alignment, np.uint8)
     start = -raw.ctypes.data % alignment
@@ -204,7 +228,7 @@ def copy_and_hash(src, dst, chunk, after_chunk=None):
     if dst.size != n:
         raise HpcCkptError(f"copy_and_hash: the source has {n} bytes, the destination {dst.size}")
     if n >= max(FUSED_MIN_BYTES, MIDSIZE_MAX + 1) and src.ctypes.data % 8 == 0 and dst.ctypes.data % 64 == 0 \
-            and fused_available():
+            and _fused_ready():
         return _copy_and_hash_fused(src, dst, chunk, after_chunk)
     hasher = xxhash.xxh3_64()
     for start in range(0, n, chunk):

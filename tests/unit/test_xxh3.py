@@ -178,3 +178,35 @@ def test_a_kernel_that_fails_its_check_is_not_used(rng, monkeypatch, caplog):
         assert np.array_equal(dst, src)
     finally:
         xxh3.fused_available.cache_clear()
+
+
+def test_restart_loads_the_kernel_in_the_background_for_a_large_array(tmp_path):
+    """Checkpointer.restart() with an array of FUSED_MIN_BYTES or more protected starts loading
+    Numba and the kernel in a thread (xxh3.preload), so the first checkpoint does not wait for
+    it; with short arrays only it does not. One process (MPI.COMM_SELF) in a fresh interpreter."""
+    code = (
+        "import sys, numpy as np\n"
+        "from mpi4py import MPI\n"
+        "import hpcckpt\n"
+        "from hpcckpt.codecs import xxh3\n"
+        "kw = dict(name='p', cache_dir=sys.argv[1] + '/node{node}', pfs_dir=sys.argv[1] + '/pfs')\n"
+        "big = np.arange(xxh3.FUSED_MIN_BYTES // 8, dtype=np.float64)\n"
+        "with hpcckpt.Checkpointer(MPI.COMM_SELF, **kw) as ck:\n"
+        "    ck.protect('small', np.zeros(1000))\n"
+        "    assert ck.restart() is None and xxh3._preload is None and 'numba' not in sys.modules\n"
+        "with hpcckpt.Checkpointer(MPI.COMM_SELF, **kw) as ck:\n"
+        "    ck.protect('small', np.zeros(1000))\n"
+        "    ck.protect('big', big)\n"
+        "    assert xxh3._preload is None\n"
+        "    assert ck.restart() is None and xxh3._preload is not None\n"
+        "    xxh3._preload.join(120)\n"
+        "    assert 'numba' in sys.modules and xxh3.fused_available.cache_info().currsize == 1\n"
+        "    ck.checkpoint(1, 'local')\n"
+        "keep, big[:] = big.copy(), 0\n"
+        "with hpcckpt.Checkpointer(MPI.COMM_SELF, **kw) as ck:\n"
+        "    ck.protect('small', np.zeros(1000))\n"
+        "    ck.protect('big', big)\n"
+        "    assert ck.restart() == 1 and np.array_equal(big, keep)\n"
+        "print('OK')\n")
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stdout + res.stderr
