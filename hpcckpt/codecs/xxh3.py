@@ -203,8 +203,8 @@ def preload():
 
 def _fused_ready():
     """fused_available(), after a preload() thread has finished (local)."""
-    if _preload is not None and _preload.is_alive():
-        _preload.join()
+    if _preload is not None:
+        _preload.join()          # returns at once once it has finished
     return fused_available()
 
 
