@@ -2,14 +2,14 @@
 __version__ = "0.1.0"
 
 from .errors import (  # noqa: F401
-    HpcCkptError, ConfigError, ProtectError, MismatchError, IncompatibleCheckpointError,
+    HpcCkptError, ConfigError, ProtectError, MismatchError, LayoutChangedError, IncompatibleCheckpointError,
     CorruptCheckpointError, CheckpointWriteError, ConcurrentJobError, CollectiveError,
     ULFMUnsupportedError, OnlineRecoveryError)
 from .config import Config  # noqa: F401,E402
 from .state import PER_RANK, REPLICATED, ROOT, ROWS, Block, Layout  # noqa: F401,E402
 
 __all__ = ["Checkpointer", "CheckpointInfo", "Config", "HpcCkptError", "ConfigError", "ProtectError",
-           "MismatchError", "IncompatibleCheckpointError", "CorruptCheckpointError", "CheckpointWriteError",
+           "MismatchError", "LayoutChangedError", "IncompatibleCheckpointError", "CorruptCheckpointError", "CheckpointWriteError",
            "ConcurrentJobError", "CollectiveError", "ULFMUnsupportedError", "OnlineRecoveryError", "Layout", "Block", "PER_RANK", "ROWS", "REPLICATED", "ROOT",
            "interval", "online"]
 

@@ -42,7 +42,7 @@ from .comm import (U64_MAX, Collective, Deferred, agree, is_collective, is_proce
                    print_abort_notice, reduce_sum_max)
 from .config import LEVELS, Config
 from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, HpcCkptError,
-                     IncompatibleCheckpointError, MismatchError, ProtectError)
+                     IncompatibleCheckpointError, LayoutChangedError, MismatchError, ProtectError)
 from .levels.local import LocalCache
 from .levels.registry import REDUNDANT, SPECS
 from .levels.pfs import Item, PfsStore, items_from_manifest, listing as pfs_listing, remove_step_dir
@@ -774,7 +774,12 @@ class Checkpointer:
                 break
             candidates = [k for k in candidates if k < key]
             step = mf.split_key(key)[1]
-            restored = self._try_cache(step, key, ok.get(step), state)
+            try:
+                restored = self._try_cache(step, key, ok.get(step), state)
+            except LayoutChangedError:      # agreed: the pfs level can place the blocks declared now
+                if not self._try_pfs(step, key, pfs, state):
+                    raise
+                restored = True
             if not restored:
                 restored = self._try_pfs(step, key, pfs, state)
             if restored:
@@ -877,6 +882,7 @@ class Checkpointer:
         if manifest.ckpt_id != ckpt_id:
             return f"its manifest belongs to another attempt (checkpoint {manifest.ckpt_id})", manifest, None
         self._check_protected(manifest)
+        self._check_blocks(manifest)
         try:
             self.cache.verify(manifest)
             doc = self._read_document(manifest)
@@ -930,6 +936,23 @@ class Checkpointer:
                 raise MismatchError(f"step {manifest.step}, array {a.name!r}: the checkpoint holds "
                                     f"shape {a.shape} {a.dtype}, the protected array is {tuple(arr.shape)} "
                                     f"{arr.dtype.str}")
+
+    def _check_blocks(self, manifest):
+        """Local: raise LayoutChangedError when an array this rank declares as a Block now (its
+        global shape or offset) is another block than ``manifest`` holds: the node cache can only
+        give each rank back the block it wrote."""
+        for a in manifest.arrays:
+            protected = self._arrays.get(a.name)
+            declared = self._layouts.get(a.name, protected.layout if protected is not None else None)
+            if declared is None or declared.kind != "block" or a.layout != "block":
+                continue
+            if (declared.global_shape, declared.offset) != (a.global_shape, a.global_offset):
+                raise LayoutChangedError(
+                    f"step {manifest.step}, array {a.name!r}: rank {self.comm.rank} declares the block at offset "
+                    f"{declared.offset} of global shape {declared.global_shape}, the node cache holds its block at "
+                    f"offset {a.global_offset} of {a.global_shape}; only the pfs level restores another "
+                    "decomposition, and it has no copy of this step (declare the blocks of the checkpoint, or "
+                    "restart from a step checkpointed at level 'pfs')")
 
     def _warn_fallback(self, step, reason, why=None):
         """Collective (failure path): rank 0 logs why step ``step`` cannot be restored."""

@@ -18,6 +18,11 @@ class MismatchError(HpcCkptError):
     """The protected arrays do not match the checkpoint being restored (names, shapes, dtypes)."""
 
 
+class LayoutChangedError(MismatchError):
+    """A rank declares another block of a global array (Block: global shape or offset) than the
+    node cache holds for it; only the pfs level restores blocks into another decomposition."""
+
+
 class IncompatibleCheckpointError(HpcCkptError):
     """A checkpoint belongs to another job (name, world size) or another format version."""
 
@@ -56,6 +61,6 @@ class OnlineRecoveryError(HpcCkptError):
 
 
 ALL = {cls.__name__: cls for cls in (
-    HpcCkptError, ConfigError, ProtectError, MismatchError, IncompatibleCheckpointError,
+    HpcCkptError, ConfigError, ProtectError, MismatchError, LayoutChangedError, IncompatibleCheckpointError,
     CorruptCheckpointError, CheckpointWriteError, ConcurrentJobError, CollectiveError, ULFMUnsupportedError,
     OnlineRecoveryError)}

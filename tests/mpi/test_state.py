@@ -171,3 +171,26 @@ def test_restart_refuses_a_name_both_protected_and_in_the_state_dict(root):
     errors = res.lines("ERROR")
     assert len(errors) == 4 and all(e.startswith("ProtectError") and "['a']" in e for e in errors), str(res)
     assert not res.lines("TOUCHED")
+
+
+@pytest.mark.parametrize("how", ["state", "protect"])
+def test_a_rank_declaring_another_block_gets_that_block_or_an_error(tmp_path, how):
+    """Blocks handed out in another order at a relaunch (same rank count): the pfs level restores
+    each rank the block it declares now, also when the node caches are intact; a step that only
+    the cache holds raises LayoutChangedError on every rank instead of giving each rank the block
+    it wrote (wrong data); the blocks of the checkpoint still come back from the cache."""
+    extra = ["--protect"] if how == "protect" else []
+
+    def reblock(root, *args):
+        res = run_mpi(3, "reblock_app.py", str(root), *args, *extra, timeout=120)
+        assert res.returncode == 0, str(res)
+        return [ln for ln in res.stdout.splitlines() if ln.strip()]
+
+    pfs = tmp_path / "with-pfs"
+    reblock(pfs, "save", "pfs")
+    assert sorted(reblock(pfs, "load")) == [f"rank={r} step=3 match=1" for r in range(3)]
+    cache_only = tmp_path / "cache-only"
+    reblock(cache_only, "save", "local")
+    lines = reblock(cache_only, "load")
+    assert len(lines) == 3 and all(line.startswith("ERROR LayoutChangedError restart from step 3 failed on rank 0: step 3, array 'u'") for line in lines), lines
+    assert sorted(reblock(cache_only, "load", "--same")) == [f"rank={r} step=3 match=1" for r in range(3)]
