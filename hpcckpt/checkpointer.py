@@ -516,7 +516,7 @@ class Checkpointer:
                     faults.hit("written", self.comm.rank, step)
                 except OSError as e:
                     raise CheckpointWriteError(f"cannot write {e.filename or self.cache.root}: {e.strerror}") from e
-                replicated = _replicated_digests(manifest, replicated_items)
+                replicated = _replicated_digests(manifest, replicated_items, items)
                 h = _digest_int(replicated)
                 c.words = [h, U64_MAX - h]
             if c.result[0] != U64_MAX - c.result[1]:
@@ -1174,10 +1174,14 @@ def _check_layout(name, array, layout, rank):
         raise ProtectError(f"{name!r} is declared ROOT (rank 0 only) but rank {rank} holds it")
 
 
-def _replicated_digests(manifest, replicated_items):
-    """{name: text} for this rank's replicated values: arrays by shape, dtype and checksum,
-    state values by their encoding."""
+def _replicated_digests(manifest, replicated_items, items):
+    """{name: text} for this rank's replicated values: arrays by shape, dtype and checksum (of
+    their values' bytes: st.value_bytes, where padding makes it differ from the file's), state
+    values by their encoding. ``items``: _items' [(name, array, Layout)]."""
     out = {a.name: f"{a.dtype}{list(a.shape)}:{a.checksum}" for a in manifest.arrays if a.layout == "replicated"}
+    for name, array, layout in items:
+        if layout.kind == "replicated" and name in out and st.has_padding(array.dtype):
+            out[name] = f"{array.dtype.str}{list(array.shape)}:{digest(st.value_bytes(array))}"
     out.update({f"state.{k}": json.dumps(v, sort_keys=True) for k, v in replicated_items.items()})
     return out
 

@@ -149,7 +149,7 @@ def _encode(v, path, top, arrays, depth):
             check_dtype(v.dtype)
         except ProtectError as e:
             raise ProtectError(f"state[{path or top!r}]: {e}") from None
-        raw = v.tobytes() if v.dtype.itemsize else b""      # np.str_("").tobytes() is not empty
+        raw = value_bytes(np.asarray(v)).tobytes() if v.dtype.itemsize else b""   # np.str_("").tobytes() is not empty
         return {"$scalar": [v.dtype.str, raw.hex()]}
     kind = type(v)
     if v is None or kind in (bool, str):
@@ -406,6 +406,30 @@ def _plan_dict(target, items, shapes, reads, assign, prefix, where):
             new_arrays[name] = np.empty(shape, np.dtype(dtype))
             reads.append((name, new_arrays[name]))
         assign.append(_deferred_setter(target, key, enc, new_arrays))
+
+
+def has_padding(dtype):
+    """Local: True for x87 extended precision (np.longdouble / np.clongdouble on x86: 80
+    significant bits in a 12- or 16-byte slot, the other bytes whatever was in memory)."""
+    part = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+    return dtype.kind in "fc" and part in (12, 16) and np.finfo(dtype).nmant == 63
+
+
+def value_bytes(array):
+    """Local: the bytes of ``array``'s values as a uint8 array: its own bytes (a view when it is
+    contiguous), or, for a dtype with padding (has_padding), a copy with the padding zeroed, so
+    that equal values have equal bytes."""
+    dt = array.dtype
+    raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    if not has_padding(dt):
+        return raw
+    part = dt.itemsize // 2 if dt.kind == "c" else dt.itemsize
+    slots = raw.reshape(-1, part).copy()
+    if dt.byteorder == ">":
+        slots[:, :part - 10] = 0
+    else:
+        slots[:, 10:] = 0
+    return slots.reshape(-1)
 
 
 def key_mismatch(where, *parts):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from harness import restart_step, run_mpi
+from hpcckpt import state as st
 
 pytestmark = pytest.mark.mpi
 STEPS, EVERY, CRASH = 20, 5, 13        # checkpoints 4 and 9 are on disk when rank 1 dies at 13
@@ -155,6 +156,21 @@ def test_numpy_strings_huge_ints_and_key_order_come_back_exactly(root, level):
     for d in doomed:
         shutil.rmtree(d)
     res = edge(root, "values", "--restore")
+    assert res.lines("RESTART") == ["1"] * 4 and res.lines("MATCH") == [""] * 4, str(res)
+
+
+@pytest.mark.skipif(not st.has_padding(np.dtype(np.longdouble)), reason="long double has no padding here (not x87)")
+def test_replicated_long_doubles_compare_by_value_not_padding(root):
+    """x87 long doubles keep 6 bytes of whatever was in memory beside their 80 bits: equal values
+    declared REPLICATED are accepted though those bytes differ per rank; a value that differs on
+    one rank is still refused on every rank; the pfs step restores the values."""
+    res = edge(root, "replicated-padding", level="pfs")
+    assert res.lines("OK") == ["1"] * 4, str(res)
+    errors = res.lines("ERROR")
+    assert len(errors) == 4 and all(e.startswith("ProtectError") and "['x']" in e for e in errors), str(res)
+    for d in glob.glob(os.path.join(root, "node*")):
+        shutil.rmtree(d)
+    res = edge(root, "replicated-padding", "--restore")
     assert res.lines("RESTART") == ["1"] * 4 and res.lines("MATCH") == [""] * 4, str(res)
 
 

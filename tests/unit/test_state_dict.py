@@ -204,3 +204,22 @@ def test_layouts():
             st.as_layout(bad)
     with pytest.raises(ProtectError):
         st.Block((4,), (-1,))
+
+
+def test_value_bytes_zeroes_only_the_padding_of_x87_long_doubles():
+    f8 = np.arange(4.0)
+    assert np.shares_memory(st.value_bytes(f8), f8) and st.value_bytes(f8).tobytes() == f8.tobytes()
+    assert not st.has_padding(np.dtype(np.float64)) and not st.has_padding(np.dtype(np.complex128))
+    if not st.has_padding(np.dtype(np.longdouble)):
+        pytest.skip("long double has no padding here (not x87)")
+    for dtype in (np.longdouble, np.clongdouble):
+        x = (np.arange(5) / np.array(7, dtype)).astype(dtype)
+        dirty = x.copy()
+        slot = np.dtype(dtype).itemsize // (2 if np.dtype(dtype).kind == "c" else 1)    # one long double
+        slots = dirty.view(np.uint8).reshape(-1, slot)
+        slots[:, 10:] = 0xAB
+        clean = st.value_bytes(dirty)
+        assert np.array_equal(clean.view(dtype), x)                  # the values are kept
+        assert clean.tobytes() == st.value_bytes(x).tobytes()        # equal values, equal bytes
+        assert not clean.reshape(-1, slots.shape[1])[:, 10:].any()
+        assert dirty.view(np.uint8).reshape(slots.shape)[:, 10:].all()      # the array itself is not touched

@@ -8,6 +8,10 @@
   same ProtectError, then checkpoint again without it.
 --case overlap: the first run protects "a" and checkpoints {"b": ...}; with --restore, restart()
   gets a state dict that also holds "a": a ProtectError on every rank, nothing touched.
+--case replicated-padding: long doubles (x87: 6 padding bytes per value, here different on every
+  rank) declared REPLICATED, equal on every rank: checkpoint 1 is taken; checkpoint 2, where
+  rank 2 holds another value, is a ProtectError on every rank; with --restore, restart() prints
+  "MATCH" or "DIFF" per rank.
 Prints "ERROR <Class> rank=<r> <message>" for every HpcCkptError caught, "OK <step>" per commit.
 """
 import argparse
@@ -56,6 +60,15 @@ def same(x, y):
     return type(x) is type(y) and x == y
 
 
+def padded_longdoubles(fill):
+    """np.arange(6) / 7 and 1 / 3 as long doubles whose padding bytes (x87) hold ``fill``."""
+    x = np.arange(6) / np.longdouble(7)
+    raw = np.concatenate([x, [np.longdouble(1) / 3]]).view(np.uint8).reshape(7, -1).copy()
+    raw[:, 10:] = fill
+    values = raw.reshape(-1).view(np.longdouble)
+    return values[:6].copy(), values[6]
+
+
 def say(line):
     os.write(1, (line + "\n").encode())      # one write: lines of several ranks do not interleave
 
@@ -90,6 +103,23 @@ with hpcckpt.Checkpointer(comm, config=cfg) as ckpt:
                 say(f"ERROR {type(e).__name__} rank={rank} {e}")
             state.pop("m", None)
             say(f"OK {ckpt.checkpoint(2, state, level=a.level).step}")
+        elif a.case == "replicated-padding":
+            ckpt.layout("x", hpcckpt.REPLICATED)
+            ckpt.layout("third", hpcckpt.REPLICATED)
+            x, third = padded_longdoubles(rank + 1)
+            if not a.restore:
+                say(f"OK {ckpt.checkpoint(1, {'x': x, 'third': third}, level=a.level).step}")
+                if rank == 2:
+                    x[0] += 1
+                try:
+                    ckpt.checkpoint(2, {"x": x, "third": third}, level=a.level)
+                except hpcckpt.HpcCkptError as e:
+                    say(f"ERROR {type(e).__name__} rank={rank} {e}")
+            else:
+                state = {"x": None, "third": None}
+                say(f"RESTART {ckpt.restart(state)}")
+                ok = np.array_equal(state["x"], x) and state["third"] == third and type(state["third"]) is type(third)
+                say("MATCH" if ok else "DIFF")
         elif a.case == "overlap":
             kept = np.full(4, -1.0)
             ckpt.protect("a", np.arange(4.0) if not a.restore else kept)
