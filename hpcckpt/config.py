@@ -120,8 +120,6 @@ class Config:
         for key, low in (("group_size", 2), ("rs_parity", 1), ("keep", 1)):
             if getattr(self, key) < low:
                 raise ConfigError(f"{key} must be at least {low}, got {getattr(self, key)}")
-        if self.rs_parity >= self.group_size:
-            raise ConfigError(f"rs_parity ({self.rs_parity}) must be smaller than group_size ({self.group_size})")
         if self.level not in LEVELS:
             raise ConfigError(f"level {self.level!r} is not one of {', '.join(LEVELS)}")
         if self.policy not in POLICIES:
@@ -147,6 +145,7 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_FAULT_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGTRAP", "SIGSYS")
 _INT_KEYS = ("group_size", "rs_parity", "keep", "incremental_full_every")
 _BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush", "background", "abort_on_error", "incremental")
 _AUTO_BOOL_KEYS = ("pfs_direct_io",)      # "auto", true or false
@@ -307,6 +306,10 @@ def _parse_value(key, value):
                 raise ConfigError(f"{key} must be an octal mode like '0600', got {value!r}") from None
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777:
             raise ConfigError(f"{key} must be a permission mode between 0 and 0777, got {value!r}")
+        owner = 0o600 if key == "file_mode" else 0o700        # the library reads back what it writes
+        if value & owner != owner:
+            raise ConfigError(f"{key} {value:#o} must give the owner {'rw' if key == 'file_mode' else 'rwx'} "
+                              f"({owner:#o}): the library reads back and replaces what it writes")
         return value
     if key == "stop_signals":
         if value == "auto":
@@ -321,6 +324,10 @@ def _parse_value(key, value):
             name = v.upper() if v.upper().startswith("SIG") else "SIG" + v.upper()
             if name not in _signal.Signals.__members__ or name in ("SIGKILL", "SIGSTOP"):
                 raise ConfigError(f"stop_signals: {v!r} is not a signal that can be caught")
+            if name in _FAULT_SIGNALS:
+                raise ConfigError(f"stop_signals: {name} reports a fault of the process itself (a crash): a process "
+                                  "that only notes it and returns runs into the fault again; use TERM, USR1, USR2, "
+                                  "INT, HUP, XCPU or ALRM")
             out.append(name)
         return tuple(out)
     if key in ("io_chunk", "incremental_block"):

@@ -221,9 +221,11 @@ class LocalCache:
                          f"{path}: step {step} was written by {m.world_size} ranks, this job has {self.world_size}; "
                          "only the pfs level restarts on another rank count")
         if m.node != self.node or (m.placement and m.placement != self.placement):
+            here = (f"rank {self.rank} was on node {m.node}, now node {self.node}" if m.node != self.node else
+                    f"rank {self.rank} is on node {self.node} in both, other ranks moved")
             return Found(step, "incompatible", m,
-                         f"{path}: step {step} was written with the ranks placed on other nodes (rank {self.rank} on "
-                         f"node {m.node}; now node {self.node}): another ranks_per_node or other hosts")
+                         f"{path}: step {step} was written with the ranks placed on other nodes ({here}): another "
+                         "ranks_per_node or other hosts")
         return Found(step, "ok", m)
 
     def scan(self):

@@ -344,8 +344,9 @@ def test_protect_refuses(what, tmp_path):
     record("hostile", {"case": f"protect(): {what} array", "order": 5, "outcome": f"ProtectError: {e.value}"[:200]})
 
 
-@pytest.mark.parametrize("kw", [{"keep": 0}, {"group_size": 1}, {"rs_parity": 4}, {"io_chunk": 1},
-                                {"file_mode": 0o1777}, {"name": "../x"}, {"ranks_per_node": 0},
+@pytest.mark.parametrize("kw", [{"keep": 0}, {"group_size": 1}, {"rs_parity": 0}, {"io_chunk": 1},
+                                {"file_mode": 0o1777}, {"file_mode": 0o400}, {"stop_signals": "SEGV"},
+                                {"name": "../x"}, {"ranks_per_node": 0},
                                 {"level": "l9"}, {"cache_dir": "/x/{nodes}"}, {"kepp": 2}, {"pfs_dir": ""},
                                 {"keep": "2"}, {"exit_safety": 1e9}])
 def test_config_out_of_range(kw, tmp_path):

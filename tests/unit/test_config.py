@@ -81,7 +81,11 @@ def test_bad_environment_values(env, needle):
     ({"schedule": {"disk": 3}}, "not a level"),
     ({"schedule": {"local": 0}}, "N >= 1"),
     ({"schedule": {"local": "soon"}}, "duration"),
-    ({"rs_parity": 4, "group_size": 4}, "smaller than group_size"),
+    ({"stop_signals": "TERM,SEGV"}, "SIGSEGV reports a fault"),
+    ({"stop_signals": ["BUS"]}, "SIGBUS reports a fault"),
+    ({"file_mode": 0}, "must give the owner rw"),
+    ({"file_mode": "0400"}, "must give the owner rw"),
+    ({"dir_mode": 0o600}, "must give the owner rwx"),
     ({"mtbf": "-1h"}, "mtbf"),
     ({"io_chunk": 10}, "io_chunk"),
     ({"write_method": "splice"}, "write_method 'splice' is not one of mmap, pwrite"),
@@ -269,3 +273,9 @@ def test_start_and_abort_on_error_from_every_layer(tmp_path):
 def test_bad_start_and_abort_on_error(kwargs, env, needle):
     with pytest.raises(ConfigError, match=needle):
         Config.load(environ=env, **kwargs)
+
+
+def test_rs_parity_is_not_checked_against_group_size():
+    """A group of k ranks uses min(rs_parity, k - 1) parity blocks (the rs level clamps and warns),
+    so a small group_size for the xor level needs no change of rs_parity."""
+    assert Config.load(environ={}, group_size=2).rs_parity == 2
