@@ -48,6 +48,7 @@ from .levels.registry import REDUNDANT, SPECS
 from .levels.pfs import Item, PfsStore, items_from_manifest, listing as pfs_listing, remove_step_dir
 from .levels.pfs_index import committed_steps as pfs_committed, max_index_bytes
 from .lock import DirLock
+from .relocate import relocate
 from .topology import Topology, survivability_warnings
 
 log = logging.getLogger("hpcckpt")
@@ -734,6 +735,12 @@ class Checkpointer:
                          "run's first checkpoint", self.config.name)
             self.policy.start()
             return None
+        try:
+            relocate(self._comm, self.config, self.topology, self.cache.root)
+        except HpcCkptError as e:       # agreed: each host keeps what it holds
+            if self.comm.rank == 0:
+                log.warning("restart: moving node-cache files to the hosts of their ranks failed (%s); restarting "
+                            "from what each host holds", e)
         with Collective(self._comm, "restart: scanning checkpoints") as c:
             if not self._arrays and state is None:
                 raise HpcCkptError("nothing to restore: protect() arrays or pass a state dict to restart()")

@@ -23,7 +23,8 @@ def config(tmp_path, request):
     """A run.toml as on a cluster; a job name of its own per test (the node caches outlive a test)."""
     def write(**extra):
         name = "vc-" + re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)[:60].strip("-")
-        lines = [f'name = "{name}"', f'cache_dir = "{vh.LOCAL}/hpcckpt-{{user}}"', f'pfs_dir = "{tmp_path}/pfs"',
+        cache = extra.pop("cache_dir", f"{vh.LOCAL}/hpcckpt-{{user}}")
+        lines = [f'name = "{name}"', f'cache_dir = "{cache}"', f'pfs_dir = "{tmp_path}/pfs"',
                  'ranks_per_node = "auto"', "group_size = 4", "rs_parity = 2"]
         lines += [f"{k} = {v!r}".replace("'", '"') for k, v in extra.items()]
         path = tmp_path / "run.toml"
@@ -52,7 +53,7 @@ def restart_step(res):
 def references(cluster, tmp_path_factory):
     """Failure-free runs: (nprocs, elastic) -> {file: bytes}."""
     refs = {}
-    for nprocs, rpn, elastic in ((4, 1, False), (8, 2, False), (4, 1, True)):
+    for nprocs, rpn, elastic in ((4, 1, False), (8, 2, False), (4, 1, True), (3, 1, False)):
         d = tmp_path_factory.mktemp(f"ref{nprocs}")
         (d / "run.toml").write_text(f'name = "ref{nprocs}{"e" if elastic else ""}"\n'
                                     f'cache_dir = "{vh.LOCAL}/ref"\npfs_dir = "{d}/pfs"\n')
@@ -102,6 +103,29 @@ def test_lost_node_is_rebuilt_bitwise(cluster, config, references, tmp_path, lev
     lost = list(range(rpn, 2 * rpn))
     assert f"rebuilt rank(s) {lost}" in res.stderr, str(res)
     assert outputs(tmp_path / "out") == references[nprocs, False]
+
+
+@pytest.mark.parametrize("level,node_dirs", [("partner", False), ("xor", False), ("partner", True)])
+def test_a_relaunch_on_shifted_hosts_moves_the_node_caches(cluster, config, references, tmp_path, level, node_dirs):
+    """Three ranks on n1, n2, n3; n1 is lost and the relaunch runs on n2, n3, n4 (what `hpcckpt
+    run --exclude-failed-node` with a spare gives when the first node fails): every rank runs on
+    the host after its own. Rank 1's and rank 2's files (their data, their partner copies or
+    parity) are moved to the hosts that run them now, rank 0 is rebuilt, and the run ends
+    bitwise equal to a failure-free one; also with a cache_dir naming {node} (n2 then holds
+    rank 1's files under node1/ and runs node 0)."""
+    cache = f"{vh.LOCAL}/hpcckpt-{{user}}" + ("/node{node}" if node_dirs else "")
+    cfg, name = config(cache_dir=cache)
+    sim(cluster, 3, 1, cfg, "--level", level, "--crash-at", 12, "--crash-rank", 2, ok=False, nodes=["n1", "n2", "n3"])
+    cluster.kill("n1")
+    cluster.boot("n1")
+    res = sim(cluster, 3, 1, cfg, "--level", level, "--out", tmp_path / "out", nodes=["n2", "n3", "n4"])
+    assert restart_step(res) == 9, str(res)
+    assert "rank(s) [1, 2] were on other hosts" in res.stderr and "rebuilt rank(s) [0]" in res.stderr, str(res)
+    assert outputs(tmp_path / "out") == references[3, False]
+    for rank, node in enumerate(("n2", "n3", "n4")):      # moved, not copied: each host holds its rank's files
+        found = cluster.exec(node, "find", f"{vh.LOCAL}/hpcckpt-root", "-path", f"*/{name}/*", "-name", "rank_*.json")
+        assert found.returncode == 0, str(found)
+        assert {os.path.basename(p) for p in found.stdout.split()} == {f"rank_{rank:06d}.json"}, str(found)
 
 
 def test_rs_survives_two_lost_nodes(cluster, config, references, tmp_path):

@@ -1,0 +1,237 @@
+"""Node-cache files that a relaunch left on another host than their rank's (collective, at restart).
+
+A job relaunched on a different set or order of hosts (``hpcckpt run --exclude-failed-node``
+when the first node failed: the remaining nodes move up one place; an allocation whose node
+order changed) runs its ranks on other hosts than the ones whose node-local directories hold
+their files. Each rank's files are its own data (``step_*/rank_<R>.*``) and what it holds for
+others as a partner or parity holder (``step_*/held_<R>/``); they belong on the host that now
+runs rank R. ``relocate`` finds such files and sends them there over MPI before the restart
+looks for checkpoints, so that the restart and the redundancy levels' rebuild find them where
+they look, whatever the hosts' order.
+
+The success path is two fixed-size reductions: every rank tells whether it lacks files of its
+own, every host (its lowest rank) whether a node-cache directory it can see holds files of a
+rank that runs on another host. Only when both happen somewhere (a relaunch on shifted hosts)
+do the ranks gather the lists of what each host holds (the failure path) and move the files:
+each file is sent whole, in chunks, written under a temporary name and renamed; manifests go
+last, so an interrupted move never leaves a manifest without its data; a file that exists at
+the destination is left as it is. Once every rank has agreed that every move completed, the
+senders remove what they sent. Every restored byte is still verified against its manifest's
+checksum afterwards, as after any restart.
+
+Hosts are MPI's shared-memory domains (``MPI.COMM_TYPE_SHARED``). A host sees the directories
+of its nodes' indices and, when ``cache_dir`` names ``{node}``, those of the other indices too
+(a host that ran node 3 before and runs node 2 now holds ``.../node3``).
+"""
+import glob
+import logging
+import os
+import re
+
+import numpy as np
+from mpi4py import MPI
+
+from . import manifest as mf, storage
+from .comm import Collective
+from .config import expand_cache_dir
+from .errors import CheckpointWriteError, CorruptCheckpointError
+
+log = logging.getLogger("hpcckpt")
+
+RANK_FILE = re.compile(r"^rank_(\d{6})\.")
+HELD_DIR = re.compile(r"^held_(\d{6})$")
+CHUNK = 16 << 20
+TAG_LIST, TAG_DATA, TAG_STATUS = 7301, 7302, 7303
+TEMP_SUFFIX = ".relocating"
+
+
+def relocate(comm, cfg, topology, root):
+    """Collective: move the node-cache files of ranks that now run on other hosts to those ranks'
+    cache job directories (``root`` is this rank's). Returns the ranks whose files were moved
+    (the same list on every rank; empty when nothing moved). A move that fails on some rank
+    raises on every rank (agreed); nothing is removed then."""
+    host = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    try:
+        host_ranks = set(host.allgather(comm.rank))
+        leader = host.rank == 0
+    finally:
+        host.Free()
+    with Collective(comm, "restart: looking for node caches on other hosts") as c:
+        foreign = _foreign_files(cfg, topology, host_ranks) if leader else {}
+        lacking = not _has_own_files(root, comm.rank)
+        c.words = [1 if lacking else 0, 1 if foreign else 0]
+    if not all(c.result):
+        return []
+    # failure path: which host holds which rank's files (one list per host), then the moves
+    offers = comm.allgather(sorted(foreign))
+    sender = {}
+    for r, ranks in enumerate(offers):
+        for q in ranks:
+            sender.setdefault(q, r)
+    moves = sorted((s, q) for q, s in sender.items())
+    with Collective(comm, "restart: moving node-cache files to the hosts of their ranks"):
+        for s, q in moves:         # in one global order: each pair waits only for earlier moves
+            if comm.rank == s:
+                _send(comm, q, foreign[q])
+            elif comm.rank == q:
+                _receive(comm, s, root, cfg)
+    if moves and comm.rank == 0:
+        log.warning("restart: the node-cache files of rank(s) %s were on other hosts (the job runs on other or "
+                    "reordered hosts now) and were moved to the hosts of their ranks",
+                    sorted(sender)[:16] + (["..."] if len(sender) > 16 else []))
+    for s, q in moves:
+        if comm.rank == s:
+            _remove_sent(foreign[q])
+    return sorted(sender)
+
+
+def _has_own_files(root, rank):
+    """Local: whether a step directory under ``root`` holds this rank's manifest."""
+    name = mf.manifest_file_name(rank)
+    return any(os.path.isfile(os.path.join(root, d, name)) for d in _step_dirs(root))
+
+
+def _step_dirs(root):
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    return [n for n in names if mf.parse_step_dir_name(n) is not None and not os.path.islink(os.path.join(root, n))]
+
+
+def _candidate_roots(cfg, topology, host_ranks):
+    """Local: the cache job directories this host can see: its nodes' and, when cache_dir names
+    {node}, every other node index's that exists here."""
+    roots = {os.path.join(expand_cache_dir(cfg, topology.node_of[r]), cfg.name) for r in host_ranks}
+    if "{node}" in cfg.cache_dir:
+        marker = "\0node\0"
+        pattern = os.path.join(expand_cache_dir(cfg, marker), cfg.name)
+        head, tail = pattern.split(marker, 1) if pattern.count(marker) == 1 else (None, None)
+        if head is not None:
+            for path in glob.glob(glob.escape(head) + "*" + glob.escape(tail)):
+                if path[len(head):len(path) - len(tail)].isdigit():
+                    roots.add(path)
+    return sorted(r for r in roots if os.path.isdir(r) and not os.path.islink(r))
+
+
+def _foreign_files(cfg, topology, host_ranks):
+    """Local (a host's lowest rank): {rank: [(path, relative path, size)]} of the files in the
+    cache job directories this host sees that belong to ranks of the job running on other hosts."""
+    out = {}
+    for root in _candidate_roots(cfg, topology, host_ranks):
+        for step in _step_dirs(root):
+            step_path = os.path.join(root, step)
+            try:
+                entries = list(os.scandir(step_path))
+            except OSError:
+                continue
+            for e in entries:
+                try:
+                    is_file = e.is_file(follow_symlinks=False)
+                    m = RANK_FILE.match(e.name) if is_file else \
+                        HELD_DIR.match(e.name) if e.is_dir(follow_symlinks=False) else None
+                    q = int(m.group(1)) if m else None
+                    if q is None or q >= topology.size or q in host_ranks or e.name.endswith(TEMP_SUFFIX):
+                        continue
+                    found = [(e.path, f"{step}/{e.name}", e.stat(follow_symlinks=False).st_size)] if is_file else \
+                        [(p, f"{step}/{e.name}/{os.path.basename(p)}", size) for p, size in _held_files(e.path)]
+                except OSError:          # gone meanwhile: not ours to move
+                    continue
+                out.setdefault(q, []).extend(found)
+    return {q: files for q, files in out.items() if files}
+
+
+def _held_files(path):
+    try:
+        return [(e.path, e.stat(follow_symlinks=False).st_size) for e in os.scandir(path)
+                if e.is_file(follow_symlinks=False) and not e.name.startswith(".")]
+    except OSError:
+        return []
+
+
+def _manifests_last(files):
+    return sorted(files, key=lambda f: (f[1].endswith(".json"), f[1]))
+
+
+def _send(comm, dest, files):
+    """Local half of one move: ``files`` to rank ``dest`` (their list, their bytes, then whether
+    every read succeeded: a file that cannot be read is sent as zeros and the move fails)."""
+    files = _manifests_last(files)
+    comm.send([(rel, size) for _, rel, size in files], dest=dest, tag=TAG_LIST)
+    buf = np.empty(min(CHUNK, max((size for _, _, size in files), default=0)) or 1, np.uint8)
+    error = None
+    for path, rel, size in files:
+        fd = None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as e:
+            error = error or f"cannot read {path}: {e.strerror}"
+        try:
+            for at in range(0, size, buf.size):
+                piece = buf[:min(buf.size, size - at)]
+                if fd is not None and error is None:
+                    try:
+                        storage.pread_into(fd, piece, at, path)
+                    except Exception as e:       # noqa: BLE001 - reported to the receiver, raised below
+                        error = f"cannot read {path}: {e}"
+                if error is not None:
+                    piece[:] = 0
+                comm.Send(piece, dest=dest, tag=TAG_DATA)
+        finally:
+            if fd is not None:
+                os.close(fd)
+    comm.send(error, dest=dest, tag=TAG_STATUS)
+    if error is not None:
+        raise CorruptCheckpointError(error)
+
+
+def _receive(comm, source, root, cfg):
+    """Local half of one move: write what rank ``source`` sends under this rank's ``root``
+    (temporary names, renamed once the sender reported every read whole). A file that exists
+    already is kept; the bytes sent for it are drained."""
+    files = comm.recv(source=source, tag=TAG_LIST)
+    buf = np.empty(min(CHUNK, max((size for _, size in files), default=0)) or 1, np.uint8)
+    written, error = [], None
+    for rel, size in files:
+        fd, target = None, None
+        if error is None:
+            try:
+                target = storage.safe_join(root, *rel.split("/"))
+                if not os.path.lexists(target):
+                    storage.makedirs(os.path.dirname(target), cfg.dir_mode)
+                    fd = os.open(target + TEMP_SUFFIX, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                                 cfg.file_mode)
+            except Exception as e:              # noqa: BLE001 - the rest is drained, then raised
+                error = f"cannot write {target or rel} under {root}: {e}"
+        try:
+            for at in range(0, size, buf.size):
+                piece = buf[:min(buf.size, size - at)]
+                comm.Recv(piece, source=source, tag=TAG_DATA)
+                if fd is not None and error is None:
+                    try:
+                        storage.pwrite_all(fd, piece, at)
+                    except OSError as e:
+                        error = f"cannot write {target}: {e.strerror}"
+        finally:
+            if fd is not None:
+                os.close(fd)
+                written.append(target)
+    error = comm.recv(source=source, tag=TAG_STATUS) or error
+    if error is not None:
+        for target in written:
+            storage.remove_file(target + TEMP_SUFFIX)
+        raise CheckpointWriteError(error)
+    for target in written:           # in the order sent: manifests last
+        os.replace(target + TEMP_SUFFIX, target)
+
+
+def _remove_sent(files):
+    """Local: remove the files a completed move sent, and the held and step directories that
+    leaves empty."""
+    dirs = set()
+    for path, _, _ in files:
+        storage.remove_file(path)
+        d = os.path.dirname(path)
+        dirs.update((d, os.path.dirname(d)) if HELD_DIR.match(os.path.basename(d)) else (d,))
+    for d in sorted(dirs, key=len, reverse=True):
+        storage.remove_dir_if_empty(d)
