@@ -24,6 +24,7 @@ Restore (``restart``), collective:
 Every per-call message on the success path is a fixed-size reduction on the library's own
 communicator (duplicated from the application's); per-rank details travel only on failure.
 """
+import atexit
 import dataclasses
 import json
 import logging
@@ -32,6 +33,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 
 import numpy as np
 
@@ -92,7 +94,9 @@ class _Background:
             except Exception as e:  # noqa: BLE001 - surfaced collectively at the next call
                 self.error = e
             self.seconds = time.perf_counter() - t
-        self.thread = threading.Thread(target=run, name=f"hpcckpt-background-{step}", daemon=True)
+        # not a daemon: an application that exits without close() still gets this step made
+        # redundant (the interpreter joins the thread before mpi4py finalizes MPI at exit)
+        self.thread = threading.Thread(target=run, name=f"hpcckpt-background-{step}")
         self.thread.start()
 
     def join(self):
@@ -158,6 +162,7 @@ class Checkpointer:
                 self._locks.append(DirLock(os.path.join(self.cache.root, f".lock.rank_{comm.rank:06d}"),
                                            f"job name {self.config.name!r} in {self.cache.root}", self.config.file_mode))
             self._closed = False
+            _OPEN.add(self)
             if self.config.abort_on_error:
                 _install_excepthook()
             if comm.rank == 0:
@@ -1243,6 +1248,19 @@ def _exit_code(exc):
 
 
 _hook_installed = False
+
+
+_OPEN = weakref.WeakSet()       # Checkpointers not closed yet (_warn_unclosed at exit)
+
+
+@atexit.register
+def _warn_unclosed():
+    """At interpreter exit (after the background threads were joined, before mpi4py finalizes
+    MPI): say which Checkpointers the application did not close."""
+    for ck in list(_OPEN):
+        if not ck._closed and ck.comm.rank == 0:
+            log.warning("the Checkpointer of job %r was not closed: its background work was completed at exit; "
+                        "call close() or use it as a context manager (with)", ck.config.name)
 
 
 def _install_excepthook():

@@ -88,3 +88,21 @@ def test_failed_background_work_leaves_the_previous_redundant_step_usable(level,
     res = app(cache, level, "--out", str(tmp_path / "out"))
     assert restart_step(res) == 4, str(res)          # step 9 never got its level's marker
     assert outputs(str(tmp_path / "out")) == reference
+
+
+@pytest.mark.parametrize("level", ["partner", "pfs"])
+def test_an_application_that_never_closes_still_gets_its_last_step_made_redundant(level, tmp_path):
+    """No close(), no with block: the process exits right after its last checkpoint (step 19)
+    returned with the background work in flight. The interpreter waits for that work at exit,
+    so step 19 is complete at its level: with node 1 lost (partner) or every cache lost (pfs)
+    the relaunch restarts from 19, bitwise; rank 0 warns that the Checkpointer was not closed."""
+    root = str(tmp_path / "cache")
+    res = app(root, level, "--no-restart", "--no-close", "--n", 400000)
+    assert "was not closed: its background work was completed at exit" in res.stderr, str(res)
+    for d in [os.path.join(root, "node1")] if level == "partner" else [os.path.join(root, f"node{r}") for r in range(NPROCS)]:
+        shutil.rmtree(d)
+    res = app(root, level, "--out", str(tmp_path / "out"), "--n", 400000)
+    assert restart_step(res) == 19, str(res)
+    app(str(tmp_path / "ref-cache"), "local", "--out", str(tmp_path / "ref"), "--no-restart", "--n", 400000,
+        config={"background": False})
+    assert outputs(str(tmp_path / "out")) == outputs(str(tmp_path / "ref"))

@@ -12,6 +12,7 @@ restarted run ends bitwise equal to a failure-free run. Options:
 Prints "RESTART <step|None>", "CKPT <step> <level> <bytes>", "DONE".
 """
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -44,6 +45,7 @@ p.add_argument("--scavenge", action="store_true", help="call scavenge() at the e
 p.add_argument("--wait-after", action="store_true", help="ckpt.wait() after every checkpoint (background work done)")
 p.add_argument("--extra-array-on-rank", type=int, default=-1, help="this rank protects one more array")
 p.add_argument("--report-numba", action="store_true", help="print NUMBA rank=R loaded=True|False at the end")
+p.add_argument("--no-close", action="store_true", help="never close() the Checkpointer (no with block)")
 a = p.parse_args()
 
 
@@ -68,7 +70,7 @@ except hpcckpt.HpcCkptError as e:
     raise SystemExit(3)
 
 try:  # an error hpcckpt raised on every rank leaves the block on every rank (no abort)
-    with ckpt:
+    with ckpt if not a.no_close else contextlib.nullcontext():
         u = np.arange(n, dtype=np.float64) * (rank + 1)
         grid = np.full((3, 5 + rank % 2 if a.uneven else 5), rank, dtype=np.int32)
         it = np.zeros((), np.int64)
