@@ -36,6 +36,7 @@ import uuid
 import weakref
 
 import numpy as np
+from mpi4py import MPI
 
 from . import faults, manifest as mf, slurm, state as st
 from .codecs import xxh3
@@ -163,6 +164,7 @@ class Checkpointer:
                                            f"job name {self.config.name!r} in {self.cache.root}", self.config.file_mode))
             self._closed = False
             _OPEN.add(self)
+            _join_at_finalize()
             if self.config.abort_on_error:
                 _install_excepthook()
             if comm.rank == 0:
@@ -246,6 +248,13 @@ class Checkpointer:
 
     def close(self):
         """Collective: wait for pending work, then release. Calling it twice is harmless."""
+        if not self._closed and MPI.Is_finalized():      # no MPI call is possible: release what is local
+            self._closed = True
+            self.cache.close()
+            self._release_locks()
+            if self.topology.rank == 0:
+                log.warning("close() after MPI.Finalize(): any background work was completed when MPI was "
+                            "finalized; close the Checkpointer (or leave its with block) before finalizing MPI")
         if not self._closed:
             try:
                 self.wait()
@@ -293,7 +302,6 @@ class Checkpointer:
     def _owned_comms(self):
         """The communicators this Checkpointer (its levels, its pfs store) created: its Dup, the
         background Dup, the levels' splits. Never the application's."""
-        from mpi4py import MPI
         found, seen = [], set()
         for obj in [self, *self._levels.values(), self._pfs]:
             if obj is None:
@@ -313,6 +321,8 @@ class Checkpointer:
     def _check_open(self):
         if self._closed:
             raise HpcCkptError("this Checkpointer is closed")
+        if MPI.Is_finalized():
+            raise HpcCkptError("MPI is finalized: call the Checkpointer's methods and close() before MPI.Finalize()")
 
     # ------------------------------------------------------------------ what to protect
     def protect(self, name, array, *, global_shape=None, offset=None, layout=None):
@@ -1225,7 +1235,6 @@ def _check_step(step):
 
 
 def _thread_multiple():
-    from mpi4py import MPI
     return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
 
@@ -1258,9 +1267,31 @@ def _warn_unclosed():
     """At interpreter exit (after the background threads were joined, before mpi4py finalizes
     MPI): say which Checkpointers the application did not close."""
     for ck in list(_OPEN):
-        if not ck._closed and ck.comm.rank == 0:
+        if not ck._closed and ck.topology.rank == 0:
             log.warning("the Checkpointer of job %r was not closed: its background work was completed at exit; "
                         "call close() or use it as a context manager (with)", ck.config.name)
+
+
+_FINALIZE_KEYVAL = []
+
+
+def _join_at_finalize():
+    """Local (once per process): have MPI_Finalize join the background work of every open
+    Checkpointer. MPI_Finalize deletes MPI_COMM_SELF's attributes first, while MPI still works,
+    so an application that finalizes MPI before close() does not pull MPI away from a background
+    thread in the middle of its messages (it talks only to the other ranks' threads, which their
+    own MPI_Finalize joins the same way)."""
+    if _FINALIZE_KEYVAL:
+        return
+
+    def joined(comm, keyval, value):
+        for ck in list(_OPEN):
+            flush = None if ck._closed else ck._flush
+            if flush is not None:
+                flush.thread.join()
+    keyval = MPI.Comm.Create_keyval(delete_fn=joined)
+    MPI.COMM_SELF.Set_attr(keyval, True)
+    _FINALIZE_KEYVAL.append(keyval)
 
 
 def _install_excepthook():
@@ -1273,7 +1304,6 @@ def _install_excepthook():
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
-        from mpi4py import MPI
         if (not MPI.Is_initialized() or MPI.Is_finalized() or MPI.COMM_WORLD.size == 1
                 or not _should_abort(exc)):
             previous(exc_type, exc, tb)

@@ -50,12 +50,7 @@ def relocate(comm, cfg, topology, root):
     cache job directories (``root`` is this rank's). Returns the ranks whose files were moved
     (the same list on every rank; empty when nothing moved). A move that fails on some rank
     raises on every rank (agreed); nothing is removed then."""
-    host = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    try:
-        host_ranks = set(host.allgather(comm.rank))
-        leader = host.rank == 0
-    finally:
-        host.Free()
+    host_ranks, leader = _host(comm)
     with Collective(comm, "restart: looking for node caches on other hosts") as c:
         foreign = _foreign_files(cfg, topology, host_ranks) if leader else {}
         lacking = not _has_own_files(root, comm.rank)
@@ -83,6 +78,20 @@ def relocate(comm, cfg, topology, root):
         if comm.rank == s:
             _remove_sent(foreign[q])
     return sorted(sender)
+
+
+def _host(comm):
+    """Collective: (the ranks of ``comm`` on this rank's host, whether this rank is the host's
+    lowest). The ranks come from translating the host communicator's group: no message."""
+    host = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    groups = [host.Get_group(), comm.Get_group()]
+    try:
+        ranks = MPI.Group.Translate_ranks(groups[0], list(range(host.size)), groups[1])
+        return set(ranks), host.rank == 0
+    finally:
+        for g in groups:
+            g.Free()
+        host.Free()
 
 
 def _has_own_files(root, rank):

@@ -90,15 +90,17 @@ def test_failed_background_work_leaves_the_previous_redundant_step_usable(level,
     assert outputs(str(tmp_path / "out")) == reference
 
 
-@pytest.mark.parametrize("level", ["partner", "pfs"])
-def test_an_application_that_never_closes_still_gets_its_last_step_made_redundant(level, tmp_path):
-    """No close(), no with block: the process exits right after its last checkpoint (step 19)
-    returned with the background work in flight. The interpreter waits for that work at exit,
-    so step 19 is complete at its level: with node 1 lost (partner) or every cache lost (pfs)
-    the relaunch restarts from 19, bitwise; rank 0 warns that the Checkpointer was not closed."""
+@pytest.mark.parametrize("level,how", [("partner", "no-close"), ("pfs", "no-close"), ("partner", "finalize-first")])
+def test_an_application_that_never_closes_still_gets_its_last_step_made_redundant(level, how, tmp_path):
+    """No close() (no with block), or MPI.Finalize() before close(): the last checkpoint (step
+    19) returned with its background work in flight. The interpreter's exit, or MPI_Finalize,
+    waits for that work, so step 19 is complete at its level: with node 1 lost (partner) or every
+    cache lost (pfs) the relaunch restarts from 19, bitwise; rank 0 says what was wrong."""
     root = str(tmp_path / "cache")
-    res = app(root, level, "--no-restart", "--no-close", "--n", 400000)
-    assert "was not closed: its background work was completed at exit" in res.stderr, str(res)
+    res = app(root, level, "--no-restart", f"--{how}", "--n", 400000)
+    said = {"no-close": "was not closed: its background work was completed at exit",
+            "finalize-first": "close() after MPI.Finalize(): any background work was completed"}[how]
+    assert said in res.stderr, str(res)
     for d in [os.path.join(root, "node1")] if level == "partner" else [os.path.join(root, f"node{r}") for r in range(NPROCS)]:
         shutil.rmtree(d)
     res = app(root, level, "--out", str(tmp_path / "out"), "--n", 400000)

@@ -46,6 +46,7 @@ p.add_argument("--wait-after", action="store_true", help="ckpt.wait() after ever
 p.add_argument("--extra-array-on-rank", type=int, default=-1, help="this rank protects one more array")
 p.add_argument("--report-numba", action="store_true", help="print NUMBA rank=R loaded=True|False at the end")
 p.add_argument("--no-close", action="store_true", help="never close() the Checkpointer (no with block)")
+p.add_argument("--finalize-first", action="store_true", help="MPI.Finalize() at the end, then close()")
 a = p.parse_args()
 
 
@@ -137,10 +138,14 @@ try:  # an error hpcckpt raised on every rank leaves the block on every rank (no
             os.makedirs(a.out, exist_ok=True)
             for name, arr in (("u", u), ("grid", grid), ("it", it)):
                 np.save(os.path.join(a.out, f"rank_{rank}_{name}.npy"), arr)
+        if a.finalize_first:
+            MPI.Finalize()
+            ckpt.close()
 except hpcckpt.HpcCkptError:
     raise SystemExit(3)
 if a.report_numba:
     say(f"NUMBA rank={rank} loaded={'numba' in sys.modules}")
-comm.Barrier()
+if not MPI.Is_finalized():
+    comm.Barrier()
 if rank == 0:
     print("DONE", flush=True)
