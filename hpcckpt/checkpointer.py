@@ -41,8 +41,8 @@ from mpi4py import MPI
 from . import faults, manifest as mf, slurm, state as st
 from .codecs import xxh3
 from .codecs.checksum import digest
-from .comm import (U64_MAX, Collective, Deferred, agree, is_collective, is_process_failure, mark_collective,
-                   print_abort_notice, reduce_sum_max)
+from .comm import (U64_MAX, Collective, Deferred, agree, is_collective, is_different_calls, is_process_failure,
+                   mark_collective, print_abort_notice, reduce_sum_max)
 from .config import LEVELS, Config
 from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, HpcCkptError,
                      IncompatibleCheckpointError, LayoutChangedError, MismatchError, ProtectError)
@@ -257,7 +257,7 @@ class Checkpointer:
                             "finalized; close the Checkpointer (or leave its with block) before finalizing MPI")
         if not self._closed:
             try:
-                self.wait()
+                self._wait("close()")
             finally:
                 for level in self._levels.values():
                     level.close()
@@ -753,6 +753,8 @@ class Checkpointer:
         try:
             relocate(self._comm, self.config, self.topology, self.cache.root)
         except HpcCkptError as e:       # agreed: each host keeps what it holds
+            if is_different_calls(e):
+                raise
             if self.comm.rank == 0:
                 log.warning("restart: moving node-cache files to the hosts of their ranks failed (%s); restarting "
                             "from what each host holds", e)
@@ -1022,6 +1024,13 @@ class Checkpointer:
     def wait(self):
         """Collective: return once pending background work is durable; raise its errors on all ranks."""
         self._check_open()
+        self._wait("wait()")
+
+    def _wait(self, what):
+        """Collective: wait(), also for close(): an agreement even with nothing to wait for, so
+        that ranks making different calls find out (comm.agree)."""
+        if self._flush is None:
+            agree(self._comm, None, what)
         self._finish_flush(raise_error=True)
 
     def _finish_flush(self, raise_error):
@@ -1066,11 +1075,19 @@ class Checkpointer:
             store = PfsStore(self.config, self._comm, self.topology)
             with Collective(self._comm, f"locking {store.root}"):
                 if self.comm.rank == 0:
-                    self._locks.append(DirLock(os.path.join(store.root, ".lock"),
-                                               f"job name {self.config.name!r} in {store.root}",
-                                               self.config.file_mode))
+                    self._lock_pfs(store.root)
+            store.relock = self._lock_pfs
             self._pfs = store        # only once locked: a failed lock is tried again at the next use
         return self._pfs
+
+    def _lock_pfs(self, root):
+        """Local (rank 0): lock the pfs job directory ``root`` (again, when it was removed and
+        created again: the lock of the removed directory is dropped)."""
+        path = os.path.join(root, ".lock")
+        for old in [lk for lk in self._locks if lk.path == path]:
+            old.release()
+            self._locks.remove(old)
+        self._locks.append(DirLock(path, f"job name {self.config.name!r} in {root}", self.config.file_mode))
 
     def _pfs_listing(self, skipped=None):
         """Local (rank 0): {step: (epoch, ckpt_id)} of this job's committed pfs steps ({} when

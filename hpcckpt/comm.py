@@ -17,7 +17,9 @@ few 64-bit words), whatever the number of ranks. Per-rank details travel only wh
 failed: gathered to rank 0, which picks the error, and broadcast.
 """
 import contextlib
+import hashlib
 import os
+import re
 import sys
 import traceback
 
@@ -132,10 +134,16 @@ def agree(comm, exc=None, what="operation", words=()):
     words = list(words)
     if len(words) > WORDS:
         raise ValueError(f"agree() carries at most {WORDS} words")
-    # always the same size on every rank, whatever each rank got to before failing
-    result = reduce_max(comm, [1 if exc is not None else 0] + words + [0] * (WORDS - len(words)))
+    # always the same size on every rank, whatever each rank got to before failing; with the
+    # step's name (call_id: its maximum and its complement's) so that ranks at different steps
+    # of the library (the application made different calls on different ranks) find out
+    ident = call_id(what)
+    result = reduce_max(comm, [1 if exc is not None else 0, ident, U64_MAX - ident]
+                        + words + [0] * (WORDS - len(words)))
+    if result[1] != U64_MAX - result[2]:
+        _raise_different_calls(comm, what, exc)
     if not result[0]:
-        return result[1:1 + len(words)]
+        return result[3:3 + len(words)]
     # failure path: details gathered to rank 0, the chosen error broadcast
     reports = comm.gather(_report(exc) if exc is not None else None, root=0)
     if comm.rank == 0:
@@ -161,6 +169,40 @@ def agree(comm, exc=None, what="operation", words=()):
     err.hpcckpt_reason = message            # the first rank's own words, not wrapped again
     mark_collective(err)
     raise err from exc
+
+
+def call_id(what):
+    """Local: a 32-bit digest of the name of a collective step: the leading words of its
+    description, without the numbers, paths and values after them ("writing checkpoint 12" and
+    "writing checkpoint 13" have the same), so that ranks at the same step always agree on it."""
+    name = re.match(r"[A-Za-z _]*", what).group(0).strip()
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "little")
+
+
+def _raise_different_calls(comm, what, exc):
+    """Collective (failure path): the ranks are at different collective steps of the library;
+    raise CollectiveError naming them on every rank."""
+    steps = comm.gather(what, root=0)
+    text = None
+    if comm.rank == 0:
+        first = {}
+        for r, w in enumerate(steps):
+            first.setdefault(w, r)
+        named = "; ".join(f"rank {r}: {w}" for w, r in list(first.items())[:4])
+        text = (f"the ranks made different hpcckpt calls ({named}): every rank must make the same calls of a "
+                "Checkpointer, in the same order (they are collective)")
+    # not marked collective: the ranks are at different places of the application, so one that
+    # leaves it uncaught ends the job (abort_on_error) rather than leave the others waiting
+    err = CollectiveError(comm.bcast(text, root=0))
+    err.hpcckpt_reason = err.args[0]
+    err.hpcckpt_different_calls = True
+    raise err from exc
+
+
+def is_different_calls(exc):
+    """True when ``exc`` says that the ranks made different hpcckpt calls (never to be handled
+    as a failure of the step: the application's ranks diverged)."""
+    return bool(getattr(exc, "hpcckpt_different_calls", False))
 
 
 class Collective(contextlib.AbstractContextManager):

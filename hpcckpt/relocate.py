@@ -9,9 +9,9 @@ runs rank R. ``relocate`` finds such files and sends them there over MPI before 
 looks for checkpoints, so that the restart and the redundancy levels' rebuild find them where
 they look, whatever the hosts' order.
 
-The success path is two fixed-size reductions: every rank tells whether it lacks files of its
-own, every host (its lowest rank) whether a node-cache directory it can see holds files of a
-rank that runs on another host. Only when both happen somewhere (a relaunch on shifted hosts)
+The success path is one fixed-size reduction: whether some rank lacks files of its own. Only
+then does every host (its lowest rank) tell, in a second one, whether a node-cache directory it
+can see holds files of a rank that runs on another host. Only when both happen (a relaunch on shifted hosts)
 do the ranks gather the lists of what each host holds (the failure path) and move the files:
 each file is sent whole, in chunks, written under a temporary name and renamed; manifests go
 last, so an interrupted move never leaves a manifest without its data; a file that exists at
@@ -50,12 +50,15 @@ def relocate(comm, cfg, topology, root):
     cache job directories (``root`` is this rank's). Returns the ranks whose files were moved
     (the same list on every rank; empty when nothing moved). A move that fails on some rank
     raises on every rank (agreed); nothing is removed then."""
+    with Collective(comm, "restart: looking for this rank's files") as c:
+        c.words = [0 if _has_own_files(root, comm.rank) else 1]
+    if not c.result[0]:
+        return []
     host_ranks, leader = _host(comm)
-    with Collective(comm, "restart: looking for node caches on other hosts") as c:
+    with Collective(comm, "restart: looking for node caches of ranks on other hosts") as c:
         foreign = _foreign_files(cfg, topology, host_ranks) if leader else {}
-        lacking = not _has_own_files(root, comm.rank)
-        c.words = [1 if lacking else 0, 1 if foreign else 0]
-    if not all(c.result):
+        c.words = [1 if foreign else 0]
+    if not c.result[0]:
         return []
     # failure path: which host holds which rank's files (one list per host), then the moves
     offers = comm.allgather(sorted(foreign))

@@ -133,6 +133,7 @@ class PfsStore:
         self.max_index = max_index_bytes(self.size)
         self.trash = os.path.join(self.root, TRASH)
         self._deleter = storage.Deleter("hpcckpt-pfs-remove")
+        self.relock = None      # callable(root): lock the directory again after _recreate_root
         with Collective(self.comm, f"creating {self.root}"):
             if self.rank == 0:
                 try:
@@ -140,6 +141,20 @@ class PfsStore:
                 except OSError as e:
                     raise CheckpointWriteError(f"cannot use the pfs directory {e.filename or self.root}: "
                                                f"{e.strerror}") from e
+
+    def _recreate_root(self):
+        """Local (rank 0): the job's pfs directory was removed while the job ran (a purge of the
+        scratch file system): create it again, have it locked again (``relock``, set by the
+        Checkpointer), and say that the earlier pfs steps are gone."""
+        try:
+            storage.makedirs(self.root, self.cfg.dir_mode)
+            if self.relock is not None:
+                self.relock(self.root)
+        except OSError as e:
+            raise CheckpointWriteError(f"cannot create the pfs directory {e.filename or self.root} again: "
+                                       f"{e.strerror}") from e
+        log.warning("the pfs directory %s was removed while the job ran (a purge of the file system?): created "
+                    "again; the pfs checkpoints written before are gone", self.root)
 
     def close(self):
         """Collective: finish the removals of retired steps, then free the store's
@@ -175,6 +190,8 @@ class PfsStore:
         PendingStep. Items may come without checksums (None): then their bytes may be handed to
         ``PendingStep.write`` while the cache write hashes them, and finish() gets the checksums."""
         with Collective(self.comm, f"pfs checkpoint of step {step}"):
+            if self.rank == 0 and not os.path.isdir(self.root):
+                self._recreate_root()
             meta = self._describe_items(step, ckpt_id, items)
         node_meta = self.node_comm.gather(meta, root=0)
         everyone = self.comm.gather((meta, state_keys or {}), root=0)

@@ -93,3 +93,22 @@ def test_background_without_thread_multiple_works_synchronously_with_one_warning
     res = calls(shm_dir, "thread-level", "--thread-level", thread_level)
     assert res.lines("OK") == ["0"] * 4 + ["1"] * 4 + ["2"] * 4, str(res)
     assert res.stderr.count("needs MPI_THREAD_MULTIPLE") == 1, str(res)
+
+
+@pytest.mark.parametrize("case", ["need-vs-checkpoint", "restart-vs-checkpoint", "should-exit-vs-checkpoint",
+                                  "wait-vs-checkpoint", "extra-checkpoint"])
+def test_ranks_making_different_calls_get_an_error_naming_them(case, tmp_path):
+    """Every call is collective; an application whose ranks make different calls used to hang or
+    get another call's answer (should_exit() True from the checkpoint's reduction). Each
+    agreement carries the name of its step, so the first one where the ranks differ raises a
+    CollectiveError naming both calls on both ranks; a rank that leaves it uncaught (rank 1 in
+    close() after rank 0's extra checkpoint) ends the job, as any uncaught error does."""
+    res = run_mpi(2, "diverge_app.py", str(tmp_path), case, timeout=60)
+    said = "the ranks made different hpcckpt calls (rank 0: "
+    if case == "extra-checkpoint":
+        assert res.returncode != 0 and "rank 1: close())" in res.stderr and said in res.stderr, str(res)
+    else:
+        caught = res.lines("CAUGHT")
+        assert res.returncode == 0 and len(caught) == 2 and len(res.lines("DONE")) == 2, str(res)
+        assert all(c.startswith("CollectiveError " + said) and "rank 1: checkpoint(5, level='local')" in c
+                   for c in caught), str(res)

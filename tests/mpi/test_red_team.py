@@ -209,6 +209,21 @@ def test_a_setting_that_differs_between_ranks_is_named(shm_dir):
                                                              and "differs between ranks" in e for e in errors), str(res)
 
 
+def test_a_pfs_directory_removed_while_the_job_runs_is_created_again(shm_dir, tmp_path):
+    """Third review: a purge of the scratch file system removed pfs_dir while the job ran, and
+    every later pfs checkpoint failed. Now the next one creates the directory again (locked
+    again, a warning says the earlier pfs steps are gone), and the newest step restarts from pfs."""
+    pfs = os.path.join(shm_dir, "pfs")
+    res = job(shm_dir, 4, "--steps", 20, "--level", "pfs", "--remove-at", f"10:{pfs}")
+    assert res.returncode == 0 and not res.lines("CKPTFAIL"), str(res)
+    assert "was removed while the job ran" in res.stderr, str(res)
+    assert steps_in(os.path.join(pfs, "app")) == [14, 19]
+    assert os.path.isfile(os.path.join(pfs, "app", ".lock"))
+    for d in glob.glob(os.path.join(shm_dir, "node*")):
+        shutil.rmtree(d)
+    assert restored_ok(shm_dir, str(tmp_path / "restored")) == 19
+
+
 def test_pfs_dir_that_is_a_file_gives_a_write_error(shm_dir):
     """Red team 14: a pfs_dir that is not a directory is a CheckpointWriteError, not a
     CollectiveError, and the cache checkpoints go on."""

@@ -17,6 +17,7 @@ import errno
 import json
 import os
 import resource
+import shutil
 import signal
 import time
 
@@ -43,6 +44,7 @@ p.add_argument("--fill", default=None)
 p.add_argument("--unfill-after-fail", action="store_true")
 p.add_argument("--unfill-at-start", action="store_true")
 p.add_argument("--soak", type=int, default=0, help="print SOAK figures every this many checkpoints")
+p.add_argument("--remove-at", default=None, help="STEP:PATH: rank 0 removes the directory PATH before STEP")
 a = p.parse_args()
 
 comm = MPI.COMM_WORLD
@@ -149,6 +151,10 @@ try:  # an error hpcckpt raised on every rank leaves the block on every rank (no
             if step == fill_step:
                 if rank == 0:
                     fill(a.fill.split(":")[0])
+                comm.Barrier()
+            if a.remove_at and step == int(a.remove_at.split(":", 1)[0]):
+                if rank == 0:
+                    shutil.rmtree(a.remove_at.split(":", 1)[1])
                 comm.Barrier()
             if (step + 1) % a.every == 0:
                 level = levels[count % len(levels)]
