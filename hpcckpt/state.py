@@ -375,14 +375,36 @@ def plan_restore(state, items, shapes, where):
         raise MismatchError(f"{where}: state must be a dict, got {type(state).__name__}")
     reads, assign = [], []
     _plan_dict(state, items, shapes, reads, assign, "", where)
+    _refuse_shared_targets(reads, where)
     return Plan(reads, assign)
+
+
+def _overlap(x, y):
+    try:
+        return np.shares_memory(x, y, max_work=1000)
+    except np.exceptions.TooHardError:      # strided views too intricate to decide: accepted
+        return False
+
+
+def _refuse_shared_targets(reads, where):
+    """ProtectError when two values would be read into the same memory (restart({"u": t,
+    "u_old": t})): the second would overwrite the first."""
+    targets = [(name, arr) for name, arr in reads if arr.size]
+    for i, (a, x) in enumerate(targets):
+        for b, y in targets[i + 1:]:
+            if np.may_share_memory(x, y) and _overlap(x, y):
+                raise ProtectError(f"{where}: state[{a!r}] and state[{b!r}] share memory: each value needs a "
+                                   "buffer of its own (the second would overwrite the first)")
 
 
 def _plan_dict(target, items, shapes, reads, assign, prefix, where):
     missing = sorted(set(items) - set(target))
     extra = sorted(set(target) - set(items))
     if missing or extra:
-        raise key_mismatch(where, missing and f"the checkpoint has {[prefix + k for k in missing]} which the state lacks",
+        hint = (" (a dict whose keys change from run to run, such as a growing history, can be given as None: it "
+                "is replaced)") if prefix and missing else ""
+        raise key_mismatch(where, missing and f"the checkpoint has {[prefix + k for k in missing]} which the state "
+                           f"lacks{hint}",
                            extra and f"the state has {[prefix + k for k in extra]} which the checkpoint lacks")
     for key, enc in items.items():
         current = target[key]

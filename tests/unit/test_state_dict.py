@@ -223,3 +223,20 @@ def test_value_bytes_zeroes_only_the_padding_of_x87_long_doubles():
         assert clean.tobytes() == st.value_bytes(x).tobytes()        # equal values, equal bytes
         assert not clean.reshape(-1, slots.shape[1])[:, 10:].any()
         assert dirty.view(np.uint8).reshape(slots.shape)[:, 10:].all()      # the array itself is not touched
+
+
+def test_two_values_restored_into_one_buffer_are_refused():
+    t = np.zeros(4)
+    shapes = {"u": ((4,), t.dtype.str), "u_old": ((4,), t.dtype.str)}
+    items = {"u": {"$array": "u"}, "u_old": {"$array": "u_old"}}
+    with pytest.raises(ProtectError, match=r"state\['u'\] and state\['u_old'\] share memory"):
+        st.plan_restore({"u": t, "u_old": t}, items, shapes, "step 1")
+    both = np.zeros(8)
+    plan = st.plan_restore({"u": both[::2], "u_old": both[1::2]}, items, shapes, "step 1")   # interleaved, disjoint
+    assert [name for name, _ in plan.reads] == ["u", "u_old"]
+
+
+def test_a_nested_dict_missing_keys_suggests_none_as_placeholder():
+    items = {"hist": {"$dict": {"s0": 1, "s1": 2}}}
+    with pytest.raises(MismatchError, match="can be given as None"):
+        st.plan_restore({"hist": {}}, items, {}, "step 1")
