@@ -136,6 +136,15 @@ def render(d):
             "| class | outcome now | mechanism | test |", "|---|---|---|---|"]
     for row in RED_TEAM_2:
         out.append("| " + " | ".join(row) + " |")
+    out += ["", "A third review (2026-12-06) wrote applications of its own (block decompositions, "
+            "every dtype and value kind under every layout and level, N->M restarts, node losses one after another, "
+            "a relaunch on other hosts, calls made on some ranks only, exits without close(), MPI.Finalize() first, "
+            "full and removed directories, 17 random SIGKILL runs, the CLI on hostile paths). It found no wrong "
+            "byte in a restore from an intact or rebuilt step; these classes did not behave as a user expects and "
+            "are fixed:", "",
+            "| class | outcome now | mechanism | test |", "|---|---|---|---|"]
+    for row in RED_TEAM_3:
+        out.append("| " + " | ".join(row) + " |")
     soak = load(d, "soak")
     out += ["", "## Running long", ""]
     for s in soak:
@@ -263,6 +272,38 @@ RED_TEAM_2 = [
      "the survivors recover with the spare, bitwise (0 of 170 runs lost one)", "the exchanges use persistent "
      "requests, never freed after an MPI error (comm.InFlight)",
      "test_online: test_a_kill_while_partner_copies_are_in_flight_loses_no_survivor"),
+]
+
+RED_TEAM_3 = [
+    ("a relaunch with the blocks handed out in another order (same rank count) gave each rank, from the node "
+     "cache, the block it had written instead of the block it declared: wrong data, no error",
+     "the step comes from the pfs level, which places the declared blocks; without a pfs copy, "
+     "LayoutChangedError on every rank", "restart compares each declared Block with the cache manifest's "
+     "global shape and offset", "test_state: test_a_rank_declaring_another_block_gets_that_block_or_an_error"),
+    ("a relaunch on shifted hosts (the first node excluded, a spare at the end) restarted from scratch: every "
+     "rank's files were on the host before its own", "each rank's files (data, partner copies, parity) are moved "
+     "to the host that runs it now; the lost node is rebuilt; bitwise", "restart first finds node-cache files of "
+     "ranks running on other hosts and sends them (hpcckpt/relocate.py)",
+     "tests/vcluster: test_a_relaunch_on_shifted_hosts_moves_the_node_caches"),
+    ("ranks making different calls hung, or got another call's answer (should_exit() True from a checkpoint's "
+     "reduction)", "a CollectiveError naming both calls on every rank; uncaught, it ends the job",
+     "every agreement carries the name of its step (min = max in the same reduction); wait() and close() "
+     "always agree", "test_abort: test_ranks_making_different_calls_get_an_error_naming_them"),
+    ("an application that exited without close() lost its last step's background redundancy or pfs flush (and "
+     "died at exit); MPI.Finalize() before close() with background work in flight was a segfault",
+     "the work completes; rank 0 warns", "the background thread is not a daemon; an attribute of MPI_COMM_SELF "
+     "joins it at MPI_Finalize", "test_background: test_an_application_that_never_closes_still_gets_its_last_"
+     "step_made_redundant"),
+    ("REPLICATED long doubles equal on every rank were refused (the x87 padding bytes differ)",
+     "accepted; a real difference is still refused", "the cross-rank digest ignores the padding (state.value_bytes)",
+     "test_state: test_replicated_long_doubles_compare_by_value_not_padding"),
+    ("a pfs directory removed while the job ran (a scratch purge) failed every later pfs checkpoint",
+     "created and locked again, with a warning", "PfsStore.begin checks the directory on rank 0",
+     "test_red_team: test_a_pfs_directory_removed_while_the_job_runs_is_created_again"),
+    ("stop_signals = SEGV turned a real segfault into a flag and the process spun; file_mode without owner rw "
+     "failed later as a CorruptCheckpointError; restart({'u': t, 'u_old': t}) filled one buffer twice",
+     "ConfigError / ProtectError at once", "config validation; restart refuses state targets that share memory",
+     "tests/unit/test_config.py, tests/unit/test_state_dict.py"),
 ]
 
 
