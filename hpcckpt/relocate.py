@@ -34,7 +34,7 @@ from mpi4py import MPI
 from . import manifest as mf, storage
 from .comm import Collective
 from .config import expand_cache_dir
-from .errors import CheckpointWriteError, CorruptCheckpointError
+from .errors import CheckpointWriteError, CorruptCheckpointError, HpcCkptError
 
 log = logging.getLogger("hpcckpt")
 
@@ -68,11 +68,17 @@ def relocate(comm, cfg, topology, root):
             sender.setdefault(q, r)
     moves = sorted((s, q) for q, s in sender.items())
     with Collective(comm, "restart: moving node-cache files to the hosts of their ranks"):
+        error = None
         for s, q in moves:         # in one global order: each pair waits only for earlier moves
-            if comm.rank == s:
-                _send(comm, q, foreign[q])
-            elif comm.rank == q:
-                _receive(comm, s, root, cfg)
+            try:
+                if comm.rank == s:
+                    _send(comm, q, foreign[q])
+                elif comm.rank == q:
+                    _receive(comm, s, root, cfg)
+            except HpcCkptError as e:   # every move completes its messages; the first error after all
+                error = error or e
+        if error is not None:
+            raise error
     if moves and comm.rank == 0:
         log.warning("restart: the node-cache files of rank(s) %s were on other hosts (the job runs on other or "
                     "reordered hosts now) and were moved to the hosts of their ranks",
