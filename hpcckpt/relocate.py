@@ -34,7 +34,7 @@ from mpi4py import MPI
 from . import manifest as mf, storage
 from .comm import Collective
 from .config import expand_cache_dir
-from .errors import CheckpointWriteError, CorruptCheckpointError, HpcCkptError
+from .errors import CheckpointWriteError, CorruptCheckpointError
 
 log = logging.getLogger("hpcckpt")
 
@@ -75,7 +75,7 @@ def relocate(comm, cfg, topology, root):
                     _send(comm, q, foreign[q])
                 elif comm.rank == q:
                     _receive(comm, s, root, cfg)
-            except HpcCkptError as e:   # every move completes its messages; the first error after all
+            except Exception as e:     # noqa: BLE001 - every move completes its messages; the first error after all
                 error = error or e
         if error is not None:
             raise error
