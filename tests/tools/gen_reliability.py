@@ -122,29 +122,23 @@ def render(d):
         out.append(f"| {h['case'].replace('|', '/')} | {h['outcome'].replace('|', '/')} |")
     out += ["", "## Red team: what an independent review broke, and what holds now", "",
             "An independent review ran 181 fault and misuse cases outside this matrix; 131 behaved as documented.",
-            "Each class that did not is fixed at its mechanism and pinned by a test (all run in CI):", "",
-            "| class | outcome now | mechanism | test |", "|---|---|---|---|"]
-    for row in RED_TEAM:
-        out.append("| " + " | ".join(row) + " |")
+            "Each class that did not is fixed at its mechanism and pinned by a test (all run in CI):"]
+    out += _red_team_table(RED_TEAM)
     out += ["", "A second review (2026-12-06) wrote applications that hand the library unusual state and make "
             "unusual calls (every dtype, value type and container; masked arrays; NumPy-integer steps; one rank "
             "failing; misuse; kills, signals and application MPI traffic while background work runs; pfs N->M and "
             "damaged files; incremental chains; `hpcckpt run`; online recovery; SLURM jobs). It found no hang and "
             "no wrong restored byte; these classes did not behave as documented (the two online ones were documented "
             "as limits first) and are fixed (what lies in Open "
-            "MPI is in docs/ONLINE.md, Limits):", "",
-            "| class | outcome now | mechanism | test |", "|---|---|---|---|"]
-    for row in RED_TEAM_2:
-        out.append("| " + " | ".join(row) + " |")
+            "MPI is in docs/ONLINE.md, Limits):"]
+    out += _red_team_table(RED_TEAM_2)
     out += ["", "A third review (2026-12-06) wrote applications of its own (block decompositions, "
             "every dtype and value kind under every layout and level, N->M restarts, node losses one after another, "
             "a relaunch on other hosts, calls made on some ranks only, exits without close(), MPI.Finalize() first, "
             "full and removed directories, 17 random SIGKILL runs, the CLI on hostile paths). It found no wrong "
             "byte in a restore from an intact or rebuilt step; these classes did not behave as a user expects and "
-            "are fixed:", "",
-            "| class | outcome now | mechanism | test |", "|---|---|---|---|"]
-    for row in RED_TEAM_3:
-        out.append("| " + " | ".join(row) + " |")
+            "are fixed:"]
+    out += _red_team_table(RED_TEAM_3)
     soak = load(d, "soak")
     out += ["", "## Running long", ""]
     for s in soak:
@@ -157,6 +151,10 @@ def render(d):
                 f"(= keep checkpoints + their redundancy + spare data and copy/parity files per rank)",
                 f"- pfs: at most {s['pfs_bytes_max']} bytes, {s['pfs_bytes_last']} at the end", ""]
     return "\n".join(out) + "\n"
+
+
+def _red_team_table(rows):
+    return ["", "| class | outcome now | mechanism | test |", "|---|---|---|---|"] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 RED_TEAM = [
