@@ -237,6 +237,8 @@ def _env_text(key, text, var):
             if "=" not in item:
                 raise ConfigError(f"{var}: expected 'level=value,...', got {text!r}")
             k, v = (s.strip() for s in item.split("=", 1))
+            if k in table:
+                raise ConfigError(f"{var}: {k!r} is given twice in {text!r}")
             table[k] = int(v) if v.isdigit() else v
         return table
     if key in _AUTO_BOOL_KEYS and text.lower() == "auto":

@@ -60,6 +60,7 @@ def test_pfs_direct_io_auto_follows_reuse_files():
     ({"HPCCKPT_REUSE_FILES": "maybe"}, "expected true or false"),
     ({"HPCCKPT_NOPE": "1"}, "HPCCKPT_NOPE"),
     ({"HPCCKPT_SCHEDULE": "local"}, "expected 'level=value"),
+    ({"HPCCKPT_SCHEDULE": "local=5,local=7"}, "'local' is given twice"),
 ])
 def test_bad_environment_values(env, needle):
     with pytest.raises(ConfigError, match=needle):
