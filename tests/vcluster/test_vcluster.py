@@ -7,6 +7,7 @@ disk that every node shares. Losing a node is `jobs/vcluster kill` (its processe
 tmpfs unmounted), then `jobs/vcluster boot` brings a fresh, empty node back under the same name.
 """
 import glob
+import hashlib
 import os
 import re
 
@@ -22,7 +23,8 @@ STEPS, EVERY = 20, 5          # checkpoints at steps 4, 9, 14, 19; crash after s
 def config(tmp_path, request):
     """A run.toml as on a cluster; a job name of its own per test (the node caches outlive a test)."""
     def write(**extra):
-        name = "vc-" + re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)[:60].strip("-")
+        digest = hashlib.sha1(request.node.name.encode()).hexdigest()[:8]      # unique per parametrization
+        name = "vc-" + re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)[:50].strip("-") + "-" + digest
         cache = extra.pop("cache_dir", f"{vh.LOCAL}/hpcckpt-{{user}}")
         lines = [f'name = "{name}"', f'cache_dir = "{cache}"', f'pfs_dir = "{tmp_path}/pfs"',
                  'ranks_per_node = "auto"', "group_size = 4", "rs_parity = 2"]
@@ -53,7 +55,7 @@ def restart_step(res):
 def references(cluster, tmp_path_factory):
     """Failure-free runs: (nprocs, elastic) -> {file: bytes}."""
     refs = {}
-    for nprocs, rpn, elastic in ((4, 1, False), (8, 2, False), (4, 1, True), (3, 1, False)):
+    for nprocs, rpn, elastic in ((4, 1, False), (8, 2, False), (4, 1, True), (3, 1, False), (6, 2, False)):
         d = tmp_path_factory.mktemp(f"ref{nprocs}")
         (d / "run.toml").write_text(f'name = "ref{nprocs}{"e" if elastic else ""}"\n'
                                     f'cache_dir = "{vh.LOCAL}/ref"\npfs_dir = "{d}/pfs"\n')
@@ -105,27 +107,42 @@ def test_lost_node_is_rebuilt_bitwise(cluster, config, references, tmp_path, lev
     assert outputs(tmp_path / "out") == references[nprocs, False]
 
 
-@pytest.mark.parametrize("level,node_dirs", [("partner", False), ("xor", False), ("partner", True)])
-def test_a_relaunch_on_shifted_hosts_moves_the_node_caches(cluster, config, references, tmp_path, level, node_dirs):
-    """Three ranks on n1, n2, n3; n1 is lost and the relaunch runs on n2, n3, n4 (what `hpcckpt
-    run --exclude-failed-node` with a spare gives when the first node fails): every rank runs on
-    the host after its own. Rank 1's and rank 2's files (their data, their partner copies or
-    parity) are moved to the hosts that run them now, rank 0 is rebuilt, and the run ends
-    bitwise equal to a failure-free one; also with a cache_dir naming {node} (n2 then holds
-    rank 1's files under node1/ and runs node 0)."""
+SHIFT, REORDER = (["n1", "n2", "n3"], "n1", ["n2", "n3", "n4"]), (["n1", "n2", "n3"], None, ["n3", "n1", "n2"])
+
+
+@pytest.mark.parametrize("level,node_dirs,rpn,hosts", [("partner", False, 1, SHIFT), ("xor", False, 1, SHIFT),
+                                                        ("partner", True, 1, SHIFT), ("rs", False, 2, SHIFT),
+                                                        ("partner", False, 1, REORDER)])
+def test_a_relaunch_on_shifted_hosts_moves_the_node_caches(cluster, config, references, tmp_path, level, node_dirs,
+                                                           rpn, hosts):
+    """Three nodes' ranks on n1, n2, n3; SHIFT: n1 is lost and the relaunch runs on n2, n3, n4
+    (what `hpcckpt run --exclude-failed-node` with a spare gives when the first node fails):
+    every node's ranks run on the host after their own; REORDER: nothing is lost, the relaunch
+    gets the hosts in another order. The files of the ranks whose host changed (their data, the
+    partner copies or parity they hold) are moved to the hosts that run them now, the lost node
+    is rebuilt, and the run ends bitwise equal to a failure-free one; also with a cache_dir
+    naming {node} (n2 then holds node 1's files under node1/ and runs node 0)."""
+    before, lost, after = hosts
+    nprocs = 3 * rpn
     cache = f"{vh.LOCAL}/hpcckpt-{{user}}" + ("/node{node}" if node_dirs else "")
     cfg, name = config(cache_dir=cache)
-    sim(cluster, 3, 1, cfg, "--level", level, "--crash-at", 12, "--crash-rank", 2, ok=False, nodes=["n1", "n2", "n3"])
-    cluster.kill("n1")
-    cluster.boot("n1")
-    res = sim(cluster, 3, 1, cfg, "--level", level, "--out", tmp_path / "out", nodes=["n2", "n3", "n4"])
+    sim(cluster, nprocs, rpn, cfg, "--level", level, "--crash-at", 12, "--crash-rank", nprocs - 1, ok=False,
+        nodes=before)
+    if lost:
+        cluster.kill(lost)
+        cluster.boot(lost)
+    res = sim(cluster, nprocs, rpn, cfg, "--level", level, "--out", tmp_path / "out", nodes=after)
     assert restart_step(res) == 9, str(res)
-    assert "rank(s) [1, 2] were on other hosts" in res.stderr and "rebuilt rank(s) [0]" in res.stderr, str(res)
-    assert outputs(tmp_path / "out") == references[3, False]
-    for rank, node in enumerate(("n2", "n3", "n4")):      # moved, not copied: each host holds its rank's files
-        found = cluster.exec(node, "find", f"{vh.LOCAL}/hpcckpt-root", "-path", f"*/{name}/*", "-name", "rank_*.json")
+    moved = [r for r in range(nprocs) if before[r // rpn] not in (after[r // rpn], lost)]   # their host changed
+    assert f"rank(s) {moved} were on other hosts" in res.stderr, str(res)
+    rebuilt = [r for r in range(nprocs) if before[r // rpn] == lost]
+    assert (f"rebuilt rank(s) {rebuilt}" in res.stderr) == bool(rebuilt), str(res)
+    assert outputs(tmp_path / "out") == references[nprocs, False]
+    for node, host in enumerate(after):      # moved, not copied: each host holds only its ranks' files
+        found = cluster.exec(host, "find", f"{vh.LOCAL}/hpcckpt-root", "-path", f"*/{name}/*", "-name", "rank_*.json")
         assert found.returncode == 0, str(found)
-        assert {os.path.basename(p) for p in found.stdout.split()} == {f"rank_{rank:06d}.json"}, str(found)
+        assert {os.path.basename(p) for p in found.stdout.split()} == \
+            {f"rank_{r:06d}.json" for r in range(node * rpn, (node + 1) * rpn)}, str(found)
 
 
 def test_rs_survives_two_lost_nodes(cluster, config, references, tmp_path):
