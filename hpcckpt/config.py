@@ -210,10 +210,13 @@ def _file_kind(mode):
     return "another kind of file"
 
 
+TOOL_VARIABLES = ("HPCCKPT_MPI", "HPCCKPT_VENV", "HPCCKPT_VENV_OPENMPI")   # run.sh's, not configuration keys
+
+
 def _from_environ(environ):
     values = {}
     for var, text in environ.items():
-        if not var.startswith(ENV_PREFIX):
+        if not var.startswith(ENV_PREFIX) or var in TOOL_VARIABLES:
             continue
         key = var[len(ENV_PREFIX):].lower()
         if key not in _FIELDS:

@@ -280,3 +280,10 @@ def test_rs_parity_is_not_checked_against_group_size():
     """A group of k ranks uses min(rs_parity, k - 1) parity blocks (the rs level clamps and warns),
     so a small group_size for the xor level needs no change of rs_parity."""
     assert Config.load(environ={}, group_size=2).rs_parity == 2
+
+
+def test_run_sh_variables_are_not_configuration_keys():
+    """HPCCKPT_MPI / HPCCKPT_VENV* choose run.sh's MPI and virtual environments; exported in a
+    user's shell they must not stop every application with an unknown-key ConfigError."""
+    env = {"HPCCKPT_MPI": "mpich", "HPCCKPT_VENV": "/x", "HPCCKPT_VENV_OPENMPI": "/y", "HPCCKPT_KEEP": "3"}
+    assert Config.load(environ=env).keep == 3
