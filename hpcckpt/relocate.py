@@ -9,15 +9,17 @@ runs rank R. ``relocate`` finds such files and sends them there over MPI before 
 looks for checkpoints, so that the restart and the redundancy levels' rebuild find them where
 they look, whatever the hosts' order.
 
-The success path is one fixed-size reduction: whether some rank lacks files of its own. Only
-then does every host (its lowest rank) tell, in a second one, whether a node-cache directory it
-can see holds files of a rank that runs on another host. Only when both happen (a relaunch on shifted hosts)
-do the ranks gather the lists of what each host holds (the failure path) and move the files:
-each file is sent whole, in chunks, written under a temporary name and renamed; manifests go
-last, so an interrupted move never leaves a manifest without its data; a file that exists at
-the destination is left as it is. Once every rank has agreed that every move completed, the
-senders remove what they sent. Every restored byte is still verified against its manifest's
-checksum afterwards, as after any restart.
+The success path is the split into hosts (``MPI_Comm_split_type``, as the topology's own) and
+one fixed-size reduction: whether a node-cache directory that a host (its lowest rank) can see
+holds files of a rank that runs on another host. Only then (a relaunch on other or reordered
+hosts) do the ranks gather which host holds which ranks' files (the failure path) and move
+them: the receiving rank takes a step's files of that rank together, unless it holds a file of
+the same name in that step (never overwritten; the offered files then stay where they are: an
+earlier run's files cannot push out a later run's, nor the other way round); each taken file is sent whole, in chunks, written
+under a temporary name and renamed, manifests last, so an interrupted move never leaves a
+manifest without its data. Once every rank has agreed that every move completed, the senders
+remove what they sent, and only that. Every restored byte is still verified against its
+manifest's checksum afterwards, as after any restart.
 
 Hosts are MPI's shared-memory domains (``MPI.COMM_TYPE_SHARED``). A host sees the directories
 of its nodes' indices and, when ``cache_dir`` names ``{node}``, those of the other indices too
@@ -41,19 +43,15 @@ log = logging.getLogger("hpcckpt")
 RANK_FILE = re.compile(r"^rank_(\d{6})\.")
 HELD_DIR = re.compile(r"^held_(\d{6})$")
 CHUNK = 16 << 20
-TAG_LIST, TAG_DATA, TAG_STATUS = 7301, 7302, 7303
+TAG_LIST, TAG_WANTED, TAG_DATA, TAG_STATUS = 7301, 7304, 7302, 7303
 TEMP_SUFFIX = ".relocating"
 
 
 def relocate(comm, cfg, topology, root):
     """Collective: move the node-cache files of ranks that now run on other hosts to those ranks'
-    cache job directories (``root`` is this rank's). Returns the ranks whose files were moved
-    (the same list on every rank; empty when nothing moved). A move that fails on some rank
-    raises on every rank (agreed); nothing is removed then."""
-    with Collective(comm, "restart: looking for this rank's files") as c:
-        c.words = [0 if _has_own_files(root, comm.rank) else 1]
-    if not c.result[0]:
-        return []
+    cache job directories (``root`` is this rank's). Returns the ranks whose files were offered
+    (the same list on every rank; empty when nothing was). A move that fails on some rank raises
+    on every rank (agreed); nothing is removed then."""
     host_ranks, leader = _host(comm)
     with Collective(comm, "restart: looking for node caches of ranks on other hosts") as c:
         foreign = _foreign_files(cfg, topology, host_ranks) if leader else {}
@@ -67,25 +65,27 @@ def relocate(comm, cfg, topology, root):
         for q in ranks:
             sender.setdefault(q, r)
     moves = sorted((s, q) for q, s in sender.items())
-    with Collective(comm, "restart: moving node-cache files to the hosts of their ranks"):
-        error = None
+    sent = []
+    with Collective(comm, "restart: moving node-cache files to the hosts of their ranks") as c:
+        error, kept = None, 0
         for s, q in moves:         # in one global order: each pair waits only for earlier moves
             try:
                 if comm.rank == s:
-                    _send(comm, q, foreign[q])
+                    sent += _send(comm, q, foreign[q])
                 elif comm.rank == q:
-                    _receive(comm, s, root, cfg)
+                    kept += _receive(comm, s, root, cfg)
             except Exception as e:     # noqa: BLE001 - every move completes its messages; the first error after all
                 error = error or e
         if error is not None:
             raise error
-    if moves and comm.rank == 0:
+        c.words = [min(kept, 1 << 62)]
+    if comm.rank == 0:
         log.warning("restart: the node-cache files of rank(s) %s were on other hosts (the job runs on other or "
-                    "reordered hosts now) and were moved to the hosts of their ranks",
-                    sorted(sender)[:16] + (["..."] if len(sender) > 16 else []))
-    for s, q in moves:
-        if comm.rank == s:
-            _remove_sent(foreign[q])
+                    "reordered hosts now) and were moved to the hosts of their ranks%s",
+                    sorted(sender)[:16] + (["..."] if len(sender) > 16 else []),
+                    "; files whose names the destination held already (an earlier run's?) were left where they "
+                    "were" if c.result[0] else "")
+    _remove_sent(sent)
     return sorted(sender)
 
 
@@ -101,12 +101,6 @@ def _host(comm):
         for g in groups:
             g.Free()
         host.Free()
-
-
-def _has_own_files(root, rank):
-    """Local: whether a step directory under ``root`` holds this rank's manifest."""
-    name = mf.manifest_file_name(rank)
-    return any(os.path.isfile(os.path.join(root, d, name)) for d in _step_dirs(root))
 
 
 def _step_dirs(root):
@@ -172,10 +166,17 @@ def _manifests_last(files):
 
 
 def _send(comm, dest, files):
-    """Local half of one move: ``files`` to rank ``dest`` (their list, their bytes, then whether
-    every read succeeded: a file that cannot be read is sent as zeros and the move fails)."""
-    files = _manifests_last(files)
+    """Local half of one move: offer ``files`` to rank ``dest`` (their list, each relative path
+    once), send the bytes of those it wants (a file it holds already is not wanted), then whether
+    every read succeeded (a file that cannot be read is sent as zeros and the move fails).
+    Returns the files sent: the only ones to remove once every move is agreed complete."""
+    unique = {}
+    for f in files:
+        unique.setdefault(f[1], f)      # a rank's files seen in two {node} directories: the first
+    files = _manifests_last(unique.values())
     comm.send([(rel, size) for _, rel, size in files], dest=dest, tag=TAG_LIST)
+    wanted = comm.recv(source=dest, tag=TAG_WANTED)
+    files = [f for f, want in zip(files, wanted) if want]
     buf = np.empty(min(CHUNK, max((size for _, _, size in files), default=0)) or 1, np.uint8)
     error = None
     for path, rel, size in files:
@@ -201,26 +202,41 @@ def _send(comm, dest, files):
     comm.send(error, dest=dest, tag=TAG_STATUS)
     if error is not None:
         raise CorruptCheckpointError(error)
+    return files
 
 
 def _receive(comm, source, root, cfg):
-    """Local half of one move: write what rank ``source`` sends under this rank's ``root``
-    (temporary names, renamed once the sender reported every read whole). A file that exists
-    already is kept; the bytes sent for it are drained."""
+    """Local half of one move: choose which of the files rank ``source`` offers to take (a
+    step's files, unless this rank's ``root`` holds a file of the same name in that step: never
+    overwritten), write them under temporary names, and rename them (in the order sent:
+    manifests last) once the sender reported every read whole. Returns how many offered files
+    were not taken."""
     files = comm.recv(source=source, tag=TAG_LIST)
-    buf = np.empty(min(CHUNK, max((size for _, size in files), default=0)) or 1, np.uint8)
-    written, error = [], None
+    targets, held = [], set()
     for rel, size in files:
-        fd, target = None, None
+        try:
+            target = storage.safe_join(root, *rel.split("/"))
+        except CorruptCheckpointError:      # a name that would leave the directory: not taken
+            target = None
+        targets.append(target)
+        if target is None or os.path.lexists(target):
+            held.add(rel.split("/")[0])
+    # a step's files of that rank are taken together or not at all: never half of them beside
+    # files of the same names that another run left here
+    targets = [None if rel.split("/")[0] in held else t for t, (rel, _) in zip(targets, files)]
+    comm.send([t is not None for t in targets], dest=source, tag=TAG_WANTED)
+    taken = [(t, size) for t, (_, size) in zip(targets, files) if t is not None]
+    buf = np.empty(min(CHUNK, max((size for _, size in taken), default=0)) or 1, np.uint8)
+    written, error = [], None
+    for target, size in taken:
+        fd = None
         if error is None:
             try:
-                target = storage.safe_join(root, *rel.split("/"))
-                if not os.path.lexists(target):
-                    storage.makedirs(os.path.dirname(target), cfg.dir_mode)
-                    fd = os.open(target + TEMP_SUFFIX, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
-                                 cfg.file_mode)
-            except Exception as e:              # noqa: BLE001 - the rest is drained, then raised
-                error = f"cannot write {target or rel} under {root}: {e}"
+                storage.makedirs(os.path.dirname(target), cfg.dir_mode)
+                fd = os.open(target + TEMP_SUFFIX, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                             cfg.file_mode)
+            except OSError as e:              # the rest is drained, then raised
+                error = f"cannot write {target}: {e.strerror}"
         try:
             for at in range(0, size, buf.size):
                 piece = buf[:min(buf.size, size - at)]
@@ -235,12 +251,17 @@ def _receive(comm, source, root, cfg):
                 os.close(fd)
                 written.append(target)
     error = comm.recv(source=source, tag=TAG_STATUS) or error
+    try:
+        if error is None:
+            for target in written:
+                os.replace(target + TEMP_SUFFIX, target)
+    except OSError as e:
+        error = f"cannot rename {e.filename}: {e.strerror}"
     if error is not None:
         for target in written:
             storage.remove_file(target + TEMP_SUFFIX)
         raise CheckpointWriteError(error)
-    for target in written:           # in the order sent: manifests last
-        os.replace(target + TEMP_SUFFIX, target)
+    return len(files) - len(taken)
 
 
 def _remove_sent(files):
