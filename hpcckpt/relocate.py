@@ -9,9 +9,9 @@ runs rank R. ``relocate`` finds such files and sends them there over MPI before 
 looks for checkpoints, so that the restart and the redundancy levels' rebuild find them where
 they look, whatever the hosts' order.
 
-The success path is the split into hosts (``MPI_Comm_split_type``, as the topology's own) and
-one fixed-size reduction: whether a node-cache directory that a host (its lowest rank) can see
-holds files of a rank that runs on another host. Only then (a relaunch on other or reordered
+The success path is the split into hosts (``MPI_Comm_split_type``, as the topology's own)
+between two fixed-size reductions, the second saying whether a node-cache directory that a host
+(its lowest rank) can see holds files of a rank that runs on another host. Only then (a relaunch on other or reordered
 hosts) do the ranks gather which host holds which ranks' files (the failure path) and move
 them: the receiving rank takes a step's files of that rank together, unless it holds a file of
 the same name in that step (never overwritten; the offered files then stay where they are: an
@@ -34,7 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import manifest as mf, storage
-from .comm import Collective
+from .comm import Collective, agree
 from .config import expand_cache_dir
 from .errors import CheckpointWriteError, CorruptCheckpointError
 
@@ -52,6 +52,7 @@ def relocate(comm, cfg, topology, root):
     cache job directories (``root`` is this rank's). Returns the ranks whose files were offered
     (the same list on every rank; empty when nothing was). A move that fails on some rank raises
     on every rank (agreed); nothing is removed then."""
+    agree(comm, None, "restart()")      # first, so that ranks making different calls find out (comm.agree)
     host_ranks, leader = _host(comm)
     with Collective(comm, "restart: looking for node caches of ranks on other hosts") as c:
         foreign = _foreign_files(cfg, topology, host_ranks) if leader else {}
