@@ -14,8 +14,9 @@ between two fixed-size reductions, the second saying whether a node-cache direct
 (its lowest rank) can see holds files of a rank that runs on another host. Only then (a relaunch on other or reordered
 hosts) do the ranks gather which host holds which ranks' files (the failure path) and move
 them: the receiving rank takes a step's files of that rank together, unless it holds a file of
-the same name in that step (never overwritten; the offered files then stay where they are: an
-earlier run's files cannot push out a later run's, nor the other way round); each taken file is sent whole, in chunks, written
+the same name in that step: then only when its own manifest of that step is an earlier run's
+(a lower epoch), damaged or missing, and the offered one a later run's, its files of that step
+being removed first; otherwise the offered files stay where they are. Each taken file is sent whole, in chunks, written
 under a temporary name and renamed, manifests last, so an interrupted move never leaves a
 manifest without its data. Once every rank has agreed that every move completed, the senders
 remove what they sent, and only that. Every restored byte is still verified against its
@@ -36,7 +37,7 @@ from mpi4py import MPI
 from . import manifest as mf, storage
 from .comm import Collective, agree
 from .config import expand_cache_dir
-from .errors import CheckpointWriteError, CorruptCheckpointError
+from .errors import CheckpointWriteError, CorruptCheckpointError, HpcCkptError
 
 log = logging.getLogger("hpcckpt")
 
@@ -163,7 +164,9 @@ def _held_files(path):
 
 
 def _manifests_last(files):
-    return sorted(files, key=lambda f: (f[1].endswith(".json"), f[1]))
+    """Step by step, each step's manifests after its data (the order of the renames too: an
+    interrupted move leaves whole steps and no manifest without its data)."""
+    return sorted(files, key=lambda f: (f[1].split("/")[0], f[1].endswith(".json"), f[1]))
 
 
 def _send(comm, dest, files):
@@ -175,7 +178,9 @@ def _send(comm, dest, files):
     for f in files:
         unique.setdefault(f[1], f)      # a rank's files seen in two {node} directories: the first
     files = _manifests_last(unique.values())
-    comm.send([(rel, size) for _, rel, size in files], dest=dest, tag=TAG_LIST)
+    epochs = {rel.split("/")[0]: _epoch(path) for path, rel, _ in files if RANK_FILE.match(os.path.basename(rel))
+              and rel.endswith(".json") and rel.count("/") == 1}
+    comm.send(([(rel, size) for _, rel, size in files], epochs), dest=dest, tag=TAG_LIST)
     wanted = comm.recv(source=dest, tag=TAG_WANTED)
     files = [f for f, want in zip(files, wanted) if want]
     buf = np.empty(min(CHUNK, max((size for _, _, size in files), default=0)) or 1, np.uint8)
@@ -208,12 +213,14 @@ def _send(comm, dest, files):
 
 def _receive(comm, source, root, cfg):
     """Local half of one move: choose which of the files rank ``source`` offers to take (a
-    step's files, unless this rank's ``root`` holds a file of the same name in that step: never
-    overwritten), write them under temporary names, and rename them (in the order sent:
-    manifests last) once the sender reported every read whole. Returns how many offered files
-    were not taken."""
-    files = comm.recv(source=source, tag=TAG_LIST)
-    targets, held = [], set()
+    step's files, unless this rank's ``root`` holds a file of the same name in that step and
+    its own manifest of that step is not of an earlier epoch than the offered one (or damaged,
+    or missing: an interrupted move's leftovers)),
+    write them under temporary names, and rename them (in the order sent: manifests last), the
+    earlier run's files of a replaced step removed first, once the sender reported every read
+    whole. Returns how many offered files were not taken."""
+    files, epochs = comm.recv(source=source, tag=TAG_LIST)
+    targets, clash = [], set()
     for rel, size in files:
         try:
             target = storage.safe_join(root, *rel.split("/"))
@@ -221,10 +228,17 @@ def _receive(comm, source, root, cfg):
             target = None
         targets.append(target)
         if target is None or os.path.lexists(target):
-            held.add(rel.split("/")[0])
-    # a step's files of that rank are taken together or not at all: never half of them beside
-    # files of the same names that another run left here
-    targets = [None if rel.split("/")[0] in held else t for t, (rel, _) in zip(targets, files)]
+            clash.add(rel.split("/")[0])
+    # a step's files of that rank are taken together or not at all: over files of the same names
+    # only when they are an earlier run's (their manifest of a lower epoch, or unreadable) and
+    # the offered ones a later run's; never half of them beside another run's
+    rank = comm.rank             # the files offered are this rank's
+    replace = set()
+    for step in clash:      # no manifest of its own beside those files: an interrupted move's, replaced
+        here = _epoch(os.path.join(root, step, mf.manifest_file_name(rank)))
+        if epochs.get(step) is not None and epochs[step] > (here or 0):
+            replace.add(step)
+    targets = [None if rel.split("/")[0] in clash - replace else t for t, (rel, _) in zip(targets, files)]
     comm.send([t is not None for t in targets], dest=source, tag=TAG_WANTED)
     taken = [(t, size) for t, (_, size) in zip(targets, files) if t is not None]
     buf = np.empty(min(CHUNK, max((size for _, size in taken), default=0)) or 1, np.uint8)
@@ -254,6 +268,8 @@ def _receive(comm, source, root, cfg):
     error = comm.recv(source=source, tag=TAG_STATUS) or error
     try:
         if error is None:
+            for step in sorted(replace):      # the earlier run's files of that rank and step go first
+                _remove_rank_step(os.path.join(root, step), rank)
             for target in written:
                 os.replace(target + TEMP_SUFFIX, target)
     except OSError as e:
@@ -263,6 +279,33 @@ def _receive(comm, source, root, cfg):
             storage.remove_file(target + TEMP_SUFFIX)
         raise CheckpointWriteError(error)
     return len(files) - len(taken)
+
+
+def _epoch(path):
+    """Local: the epoch of the rank manifest at ``path``; None when there is none, 0 when it
+    cannot be read (damaged: any readable one is later)."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        return mf.parse(storage.read_json(path), path).epoch
+    except (HpcCkptError, OSError, ValueError):
+        return 0
+
+
+def _remove_rank_step(step_dir, rank):
+    """Local: remove ``rank``'s files from ``step_dir`` (its data, its manifest, what it holds
+    for others), except the temporary files of the move that replaces them."""
+    held = os.path.join(step_dir, f"held_{rank:06d}")
+    for d in (step_dir, held):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(d, name)
+            ours = d == held or (RANK_FILE.match(name) and int(RANK_FILE.match(name).group(1)) == rank)
+            if ours and not name.endswith(TEMP_SUFFIX) and os.path.isfile(path) and not os.path.islink(path):
+                storage.remove_file(path)
 
 
 def _remove_sent(files):

@@ -145,26 +145,33 @@ def test_a_relaunch_on_shifted_hosts_moves_the_node_caches(cluster, config, refe
             {f"rank_{r:06d}.json" for r in range(node * rpn, (node + 1) * rpn)}, str(found)
 
 
-def test_a_moved_step_never_replaces_files_of_the_same_name(cluster, config, references, tmp_path):
-    """The shift above, but n3, which is to receive rank 1's files from n2, holds a file of the
-    same name in step 9 (another run's): nothing of rank 1's step 9 is overwritten or moved, and
-    n2 keeps all of it (its earlier steps move); a warning says so, and the restart falls back
-    to step 4, bitwise."""
+@pytest.mark.parametrize("plant", ["damaged", "same-run"])
+def test_a_moved_step_replaces_files_of_the_same_name_only_when_they_are_older(cluster, config, references,
+                                                                               tmp_path, plant):
+    """The shift above, but n3, which is to receive rank 1's files from n2, holds a manifest of
+    the same name in step 9: a damaged one is replaced by rank 1's step 9 (restart from 9); one
+    of the same run (not older) is neither overwritten nor replaced, n2 keeps all of rank 1's
+    step 9, a warning says so, and the restart falls back to step 4. Bitwise either way."""
     cfg, name = config()
     before, lost, after = SHIFT
     sim(cluster, 3, 1, cfg, "--level", "partner", "--crash-at", 12, "--crash-rank", 2, ok=False, nodes=before)
     cluster.kill(lost)
     cluster.boot(lost)
     root = f"{vh.LOCAL}/hpcckpt-root/{name}"
-    planted = cluster.exec("n3", "sh", "-c", f"echo '{{}}' > {root}/step_0000000009/rank_000001.json")
+    manifest = f"{root}/step_0000000009/rank_000001.json"
+    text = "{}" if plant == "damaged" else cluster.exec("n2", "cat", manifest).stdout
+    planted = cluster.exec("n3", "sh", "-c", f"cat > {manifest} <<'EOF'\n{text}\nEOF")
     assert planted.returncode == 0, str(planted)
     res = sim(cluster, 3, 1, cfg, "--level", "partner", "--out", tmp_path / "out", nodes=after)
-    assert "left where they were" in res.stderr and restart_step(res) == 4, str(res)
     assert outputs(tmp_path / "out") == references[3, False]
     kept = cluster.exec("n2", "find", f"{root}/step_0000000009", "-type", "f")
-    assert {os.path.relpath(p, f"{root}/step_0000000009") for p in kept.stdout.split()} >= \
-        {"rank_000001.json", "rank_000001.dat", "held_000001/partner_000000.json", "held_000001/partner_000000.dat"}, \
-        str(kept)
+    rank1 = {"rank_000001.json", "rank_000001.dat", "held_000001/partner_000000.json", "held_000001/partner_000000.dat"}
+    left = {os.path.relpath(p, f"{root}/step_0000000009") for p in kept.stdout.split()} & rank1
+    if plant == "damaged":
+        assert restart_step(res) == 9 and "left where they were" not in res.stderr, str(res)
+    else:
+        assert restart_step(res) == 4 and "left where they were" in res.stderr, str(res)
+        assert left == rank1, str(kept)
 
 
 def test_rs_survives_two_lost_nodes(cluster, config, references, tmp_path):
