@@ -282,7 +282,15 @@ RED_TEAM_3 = [
      "rank's files were on the host before its own", "each rank's files (data, partner copies, parity) are moved "
      "to the host that runs it now; the lost node is rebuilt; bitwise", "restart first finds node-cache files of "
      "ranks running on other hosts and sends them (hpcckpt/relocate.py)",
-     "tests/vcluster: test_a_relaunch_on_shifted_hosts_moves_the_node_caches"),
+     "tests/vcluster: test_a_relaunch_on_shifted_hosts_moves_the_node_caches, "
+     "test_a_moved_step_replaces_files_of_the_same_name_only_when_they_are_older"),
+    ("(review of the relocation) a moved step beside files of the same names at the destination: the offered "
+     "files were deleted at the source while the destination kept its own (a later run's data lost); a rank's "
+     "files in two {node} directories broke the move", "a step moves whole or not at all: it replaces the "
+     "destination's files of that step only when they are an earlier run's, damaged or missing; otherwise both "
+     "stay (a warning); each file offered once", "the receiver chooses per step from the manifests' epochs; the "
+     "sender removes only what it sent", "tests/vcluster: test_a_moved_step_replaces_files_of_the_same_name_only_"
+     "when_they_are_older"),
     ("ranks making different calls hung, or got another call's answer (should_exit() True from a checkpoint's "
      "reduction)", "a CollectiveError naming both calls on every rank; uncaught, it ends the job",
      "every agreement carries the name of its step (min = max in the same reduction); wait() and close() "
