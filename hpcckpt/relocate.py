@@ -11,13 +11,14 @@ they look, whatever the hosts' order.
 
 The success path is the split into hosts (``MPI_Comm_split_type``, as the topology's own)
 between two fixed-size reductions, the second saying whether a node-cache directory that a host
-(its lowest rank) can see holds files of a rank that runs on another host. Only then (a relaunch on other or reordered
-hosts) do the ranks gather which host holds which ranks' files (the failure path) and move
-them: the receiving rank takes a step's files of that rank together, unless it holds a file of
-the same name in that step: then only when its own manifest of that step is an earlier run's
-(a lower epoch), damaged or missing, and the offered one a later run's, its files of that step
-being removed first; otherwise the offered files stay where they are. Each taken file is sent whole, in chunks, written
-under a temporary name and renamed, manifests last, so an interrupted move never leaves a
+(its lowest rank) can see holds files of a rank that runs on another host. Only then (a
+relaunch on other or reordered hosts) do the ranks gather which host holds which ranks' files
+(the failure path) and move them. The receiving rank takes a step's files of that rank
+together, unless it holds a file of the same name in that step: then only when its own
+manifest of that step is an earlier run's (a lower epoch), damaged or missing, and the offered
+one a later run's, its files of that step being removed first; otherwise the offered files stay
+where they are. Each taken file is sent whole, in chunks, written under a temporary name and
+renamed, step by step with each step's manifests last, so an interrupted move never leaves a
 manifest without its data. Once every rank has agreed that every move completed, the senders
 remove what they sent, and only that. Every restored byte is still verified against its
 manifest's checksum afterwards, as after any restart.
@@ -38,6 +39,7 @@ from . import manifest as mf, storage
 from .comm import Collective, agree
 from .config import expand_cache_dir
 from .errors import CheckpointWriteError, CorruptCheckpointError, HpcCkptError
+from .levels.local import step_dirs
 
 log = logging.getLogger("hpcckpt")
 
@@ -105,14 +107,6 @@ def _host(comm):
         host.Free()
 
 
-def _step_dirs(root):
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return []
-    return [n for n in names if mf.parse_step_dir_name(n) is not None and not os.path.islink(os.path.join(root, n))]
-
-
 def _candidate_roots(cfg, topology, host_ranks):
     """Local: the cache job directories this host can see: its nodes' and, when cache_dir names
     {node}, every other node index's that exists here."""
@@ -133,7 +127,11 @@ def _foreign_files(cfg, topology, host_ranks):
     cache job directories this host sees that belong to ranks of the job running on other hosts."""
     out = {}
     for root in _candidate_roots(cfg, topology, host_ranks):
-        for step in _step_dirs(root):
+        try:
+            steps = [mf.step_dir_name(s) for s in step_dirs(root)]
+        except OSError:
+            continue
+        for step in steps:
             step_path = os.path.join(root, step)
             try:
                 entries = list(os.scandir(step_path))

@@ -430,11 +430,15 @@ def _plan_dict(target, items, shapes, reads, assign, prefix, where):
         assign.append(_deferred_setter(target, key, enc, new_arrays))
 
 
+def _float_size(dtype):
+    """Bytes of one float of ``dtype`` (half of a complex)."""
+    return dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+
+
 def has_padding(dtype):
     """Local: True for x87 extended precision (np.longdouble / np.clongdouble on x86: 80
     significant bits in a 12- or 16-byte slot, the other bytes whatever was in memory)."""
-    part = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
-    return dtype.kind in "fc" and part in (12, 16) and np.finfo(dtype).nmant == 63
+    return dtype.kind in "fc" and _float_size(dtype) in (12, 16) and np.finfo(dtype).nmant == 63
 
 
 def value_bytes(array):
@@ -445,7 +449,7 @@ def value_bytes(array):
     raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     if not has_padding(dt):
         return raw
-    part = dt.itemsize // 2 if dt.kind == "c" else dt.itemsize
+    part = _float_size(dt)
     slots = raw.reshape(-1, part).copy()
     if dt.byteorder == ">":
         slots[:, :part - 10] = 0

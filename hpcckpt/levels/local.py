@@ -37,6 +37,14 @@ class Found:
         return self.manifest.key if self.manifest is not None else None
 
 
+def step_dirs(root):
+    """Local: the steps of the step directories under the cache job directory ``root``,
+    ascending (OSError when it cannot be listed). A symbolic link is never ours: following it
+    would read, or retire (delete), files outside the cache directory."""
+    return sorted(s for name in os.listdir(root) if (s := mf.parse_step_dir_name(name)) is not None
+                  and not os.path.islink(os.path.join(root, name)))
+
+
 class LocalCache:
     """This rank's files in its node's cache directory."""
 
@@ -193,13 +201,9 @@ class LocalCache:
     def steps_on_disk(self):
         """Every step directory under the cache root (committed or not), ascending."""
         try:
-            names = os.listdir(self.root)
+            return step_dirs(self.root)
         except FileNotFoundError:
             return []
-        # a symbolic link is never ours: following it would read, or retire (delete), files
-        # outside the cache directory
-        return sorted(s for name in names if (s := mf.parse_step_dir_name(name)) is not None
-                      and not os.path.islink(os.path.join(self.root, name)))
 
     def examine(self, step):
         """This rank's manifest of ``step`` as a Found record, or None when there is none."""
