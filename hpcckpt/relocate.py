@@ -156,7 +156,8 @@ def _foreign_files(cfg, topology, host_ranks):
 def _held_files(path):
     try:
         return [(e.path, e.stat(follow_symlinks=False).st_size) for e in os.scandir(path)
-                if e.is_file(follow_symlinks=False) and not e.name.startswith(".")]
+                if e.is_file(follow_symlinks=False) and not e.name.startswith(".")
+                and not e.name.endswith(TEMP_SUFFIX)]        # an interrupted move's leftover
     except OSError:
         return []
 
