@@ -700,10 +700,11 @@ class Checkpointer:
                 log.warning("rank %d: could not remove old checkpoint step %d: %s", self.comm.rank, step, e)
 
     # ------------------------------------------------------------------ lineage
-    def _scan_epochs(self):
-        """Collective: the newest epoch any checkpoint of this job has (0: none), cache and pfs."""
+    def _scan_epochs(self, others=()):
+        """Collective: the newest epoch any checkpoint of this job has (0: none), cache and pfs
+        (and ``others``: Found records of other ranks' manifests that relocate saw)."""
         with Collective(self._comm, "looking for earlier checkpoints") as c:
-            epochs = [f.manifest.epoch for f in self.cache.scan() if f.manifest is not None]
+            epochs = [f.manifest.epoch for f in [*self.cache.scan(), *others] if f.manifest is not None]
             if self.comm.rank == 0:
                 epochs += [e for e, _ in self._pfs_listing().values()]
             c.words = [max(epochs, default=0)]
@@ -742,22 +743,15 @@ class Checkpointer:
         """Collective: restart() without the kernel's preload."""
         self._check_open()
         self._finish_flush(raise_error=True)
+        other_layout = self._relocate()
         if self.config.start == "fresh":
-            self._epoch = self._scan_epochs() + 1
+            self._epoch = self._scan_epochs(other_layout) + 1
             self._clear_others = True
             if self.comm.rank == 0:
                 log.info("start = 'fresh': not restarting; earlier checkpoints of %r are removed after this "
                          "run's first checkpoint", self.config.name)
             self.policy.start()
             return None
-        try:
-            relocate(self._comm, self.config, self.topology, self.cache.root)
-        except HpcCkptError as e:       # agreed: each host keeps what it holds
-            if is_different_calls(e):
-                raise
-            if self.comm.rank == 0:
-                log.warning("restart: moving node-cache files to the hosts of their ranks failed (%s); restarting "
-                            "from what each host holds", e)
         with Collective(self._comm, "restart: scanning checkpoints") as c:
             if not self._arrays and state is None:
                 raise HpcCkptError("nothing to restore: protect() arrays or pass a state dict to restart()")
@@ -768,18 +762,24 @@ class Checkpointer:
                 raise ProtectError(f"restart: the names {both[:8]} are both protected and in the state dict")
             found = self.cache.scan()
             ok = {f.step: f for f in found if f.state == "ok"}
-            incompatible = [f for f in found if f.state == "incompatible"]
+            incompatible = [f for f in found if f.state == "incompatible"] + other_layout
             damaged = [f for f in found if f.state == "damaged"]
             skipped = []
             pfs = self._pfs_listing(skipped) if self.comm.rank == 0 else {}     # {step: (epoch, ckpt_id)}
             for pfs_step, reason in skipped[-4:]:
                 log.warning("pfs step %d cannot be used: %s", pfs_step, reason)
             keys = [f.key for f in ok.values()] + [mf.order_key(e, s) for s, (e, _) in pfs.items()]
+            # this job's steps written on another rank count or placement (a relaunch on fewer
+            # nodes) give way to an older step this layout restores; another job's or a newer
+            # format's stop the restart when they are the newest
+            other_layout = [f for f in incompatible if f.manifest is not None and f.manifest.name == self.config.name]
+            foreign = [f for f in incompatible if f not in other_layout]
             epochs = [mf.split_key(k)[0] for k in keys] + [f.manifest.epoch for f in incompatible if f.manifest]
-            inc_key = max((f.key or 0 for f in incompatible), default=0)
-            unknown = max((f.step + 1 for f in incompatible if f.key is None), default=0)   # a newer format
-            c.words = [max(epochs, default=0), inc_key, 1 if incompatible else 0, 1 if damaged else 0, unknown]
-        newest_epoch, inc_key, any_incompatible, any_damaged, unknown = c.result
+            inc_key = max((f.key or 0 for f in foreign), default=0)
+            layout_key = max((f.key for f in other_layout), default=0)
+            unknown = max((f.step + 1 for f in foreign if f.key is None), default=0)   # a newer format
+            c.words = [max(epochs, default=0), inc_key, 1 if foreign else 0, 1 if damaged else 0, unknown, layout_key]
+        newest_epoch, inc_key, any_incompatible, any_damaged, unknown, layout_key = c.result
         if unknown:     # of an unknown epoch: taken as this job's newest, so that it stops the restart
             inc_key = max(inc_key, mf.order_key(max(newest_epoch, 1), unknown - 1))
         if any_damaged:
@@ -793,6 +793,8 @@ class Checkpointer:
             key = c.result[0]
             if first and any_incompatible and (inc_key > key or key == 0):
                 self._raise_incompatible(incompatible, inc_key)
+            if first and layout_key > key:
+                self._report_other_layout(other_layout, layout_key, key)
             first = False
             if key == 0:
                 break
@@ -808,11 +810,15 @@ class Checkpointer:
                 restored = self._try_pfs(step, key, pfs, state)
             if restored:
                 self._epoch, self._last_step = newest_epoch, step
+                if layout_key > key:
+                    self.cache.abandoned_after = step
                 self._retire(keep_upto=step)
                 if self.comm.rank == 0:
                     log.info("restarted from step %d", step)
                 self.policy.start()
                 return step
+        if layout_key:      # nothing this layout can restore: not a silent start from nothing
+            self._raise_incompatible(other_layout, layout_key)
         self._epoch = newest_epoch + 1
         if self.comm.rank == 0:
             if newest_epoch:
@@ -822,6 +828,33 @@ class Checkpointer:
                          f" or {self._pfs.root}" if self._pfs is not None else "")
         self.policy.start()
         return None
+
+    def _relocate(self):
+        """Collective: move node-cache files that a relaunch left on other hosts than their ranks'
+        (relocate.py), before anything looks at the caches: also with start = "fresh", whose
+        newest-epoch scan and removal of earlier runs' checkpoints see each rank's own files only.
+        A failed move is agreed and warned about; each host keeps what it holds. Returns the
+        manifests of another layout it saw (relocate)."""
+        try:
+            return relocate(self._comm, self.config, self.topology, self.cache.root)
+        except HpcCkptError as e:
+            if is_different_calls(e):
+                raise
+            if self.comm.rank == 0:
+                log.warning("restart: moving node-cache files to the hosts of their ranks failed (%s); restarting "
+                            "from what each host holds", e)
+            return []
+
+    def _report_other_layout(self, other_layout, layout_key, key):
+        """Collective: warn that the newest steps in the node caches are of another rank count or
+        placement, and that the restart takes an older one this job can restore (``key``; 0:
+        none, then restart() raises IncompatibleCheckpointError after the candidates)."""
+        text = self._first_text(next((f.reason for f in other_layout if f.key == layout_key), None))
+        if self.comm.rank == 0 and key:
+            log.warning("the newest checkpoint in the node caches is of another rank count or placement (%s); "
+                        "restarting from step %d, the newest this job can restore. Its files stay, except a step "
+                        "of the same number as one this run checkpoints later, which is replaced",
+                        text, mf.split_key(key)[1])
 
     def _raise_incompatible(self, incompatible, inc_key):
         """Collective: raise IncompatibleCheckpointError with the reason of a rank that has it."""

@@ -292,6 +292,23 @@ def placement_digest(node_of):
     return digest(",".join(map(str, node_of)).encode())
 
 
+def foreign_reason(m, path, name, world_size, node, placement):
+    """Local: why rank manifest ``m`` (read from ``path``) is not of this job's layout (job
+    ``name``, ``world_size`` ranks, its rank on ``node``, the rank -> node map of digest
+    ``placement``), or None when it is."""
+    if m.name != name:
+        return f"{path}: belongs to job {m.name!r}, not {name!r}"
+    if m.world_size != world_size:
+        return (f"{path}: step {m.step} was written by {m.world_size} ranks, this job has {world_size}; "
+                "only the pfs level restarts on another rank count")
+    if m.node != node or (m.placement and m.placement != placement):
+        here = (f"rank {m.rank} was on node {m.node}, now node {node}" if m.node != node else
+                f"rank {m.rank} is on node {node} in both, other ranks moved")
+        return (f"{path}: step {m.step} was written with the ranks placed on other nodes ({here}): another "
+                "ranks_per_node or other hosts")
+    return None
+
+
 def order_key(epoch, step):
     """One integer that orders checkpoints: by epoch, then by step (both <= MAX_STEP)."""
     return (int(epoch) << 40) | int(step)

@@ -39,7 +39,7 @@ from . import manifest as mf, storage
 from .comm import Collective, agree
 from .config import expand_cache_dir
 from .errors import CheckpointWriteError, CorruptCheckpointError, HpcCkptError
-from .levels.local import step_dirs
+from .levels.local import Found, step_dirs
 
 log = logging.getLogger("hpcckpt")
 
@@ -52,16 +52,18 @@ TEMP_SUFFIX = ".relocating"
 
 def relocate(comm, cfg, topology, root):
     """Collective: move the node-cache files of ranks that now run on other hosts to those ranks'
-    cache job directories (``root`` is this rank's). Returns the ranks whose files were offered
-    (the same list on every rank; empty when nothing was). A move that fails on some rank raises
-    on every rank (agreed); nothing is removed then."""
+    cache job directories (``root`` is this rank's). Returns the Found records ("incompatible")
+    of the manifests this rank (a host's lowest) saw of ranks on other hosts written with another
+    rank count or placement: those files stay where they are, and the restart weighs them as
+    each rank's own (an IncompatibleCheckpointError when they are the newest). A move that fails
+    on some rank raises on every rank (agreed); nothing is removed then."""
     agree(comm, None, "restart()")      # first, so that ranks making different calls find out (comm.agree)
     host_ranks, leader = _host(comm)
     with Collective(comm, "restart: looking for node caches of ranks on other hosts") as c:
-        foreign = _foreign_files(cfg, topology, host_ranks) if leader else {}
+        foreign, other_layout = _foreign_files(cfg, topology, host_ranks) if leader else ({}, [])
         c.words = [1 if foreign else 0]
     if not c.result[0]:
-        return []
+        return other_layout
     # failure path: which host holds which rank's files (one list per host), then the moves
     offers = comm.allgather(sorted(foreign))
     sender = {}
@@ -90,7 +92,7 @@ def relocate(comm, cfg, topology, root):
                     "; files whose names the destination held already (an earlier run's?) were left where they "
                     "were" if c.result[0] else "")
     _remove_sent(sent)
-    return sorted(sender)
+    return other_layout
 
 
 def _host(comm):
@@ -123,34 +125,61 @@ def _candidate_roots(cfg, topology, host_ranks):
 
 
 def _foreign_files(cfg, topology, host_ranks):
-    """Local (a host's lowest rank): {rank: [(path, relative path, size)]} of the files in the
-    cache job directories this host sees that belong to ranks of the job running on other hosts."""
-    out = {}
+    """Local (a host's lowest rank): ({rank: [(path, relative path, size)]} of the files in the
+    cache job directories this host sees that belong to ranks of the job running on other hosts,
+    [Found records of the manifests there of ranks on other hosts that are of another rank count
+    or placement]). Such a rank's files of that step are not moved (a relaunch on their own
+    layout finds them where they are)."""
+    out, other_layout, placement = {}, [], mf.placement_digest(topology.node_of)
     for root in _candidate_roots(cfg, topology, host_ranks):
         try:
-            steps = [mf.step_dir_name(s) for s in step_dirs(root)]
+            steps = step_dirs(root)
         except OSError:
             continue
         for step in steps:
-            step_path = os.path.join(root, step)
+            step_path = os.path.join(root, mf.step_dir_name(step))
             try:
                 entries = list(os.scandir(step_path))
             except OSError:
                 continue
+            layout = {}      # rank -> whether its files of this step are to be offered
             for e in entries:
                 try:
                     is_file = e.is_file(follow_symlinks=False)
                     m = RANK_FILE.match(e.name) if is_file else \
                         HELD_DIR.match(e.name) if e.is_dir(follow_symlinks=False) else None
                     q = int(m.group(1)) if m else None
-                    if q is None or q >= topology.size or q in host_ranks or e.name.endswith(TEMP_SUFFIX):
+                    if q is None or q in host_ranks or e.name.endswith(TEMP_SUFFIX):
                         continue
-                    found = [(e.path, f"{step}/{e.name}", e.stat(follow_symlinks=False).st_size)] if is_file else \
-                        [(p, f"{step}/{e.name}/{os.path.basename(p)}", size) for p, size in _held_files(e.path)]
+                    if q not in layout:
+                        found = _other_layout(os.path.join(step_path, mf.manifest_file_name(q)), step, q, cfg,
+                                              topology, placement)
+                        layout[q] = found is None and q < topology.size
+                        other_layout += [found] if found is not None else []
+                    if not layout[q]:
+                        continue
+                    rel = f"{mf.step_dir_name(step)}/{e.name}"
+                    found = [(e.path, rel, e.stat(follow_symlinks=False).st_size)] if is_file else \
+                        [(p, f"{rel}/{os.path.basename(p)}", size) for p, size in _held_files(e.path)]
                 except OSError:          # gone meanwhile: not ours to move
                     continue
                 out.setdefault(q, []).extend(found)
-    return {q: files for q, files in out.items() if files}
+    return {q: files for q, files in out.items() if files}, other_layout
+
+
+def _other_layout(path, step, q, cfg, topology, placement):
+    """Local: a Found record ("incompatible") when rank ``q``'s manifest of ``step`` at ``path``
+    is of another rank count or placement than this job's; None when it is of this job's
+    layout, missing or damaged (the receiver of a move judges those)."""
+    try:
+        m = mf.parse(storage.read_json(path), path)
+    except (HpcCkptError, OSError, ValueError):
+        return None
+    if m.rank != q or m.step != step:
+        return None
+    node = topology.node_of[q] if q < topology.size else None
+    reason = mf.foreign_reason(m, path, cfg.name, topology.size, node, placement)
+    return Found(step, "incompatible", m, reason) if reason is not None else None
 
 
 def _held_files(path):

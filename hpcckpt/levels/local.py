@@ -51,6 +51,7 @@ class LocalCache:
     def __init__(self, cfg, topo):
         self.cfg, self.rank, self.node, self.world_size = cfg, topo.rank, topo.node, topo.size
         self.placement = mf.placement_digest(topo.node_of)
+        self.abandoned_after = None     # restart(): the step it took when newer ones were of another layout
         self.root = os.path.join(expand_cache_dir(cfg, topo.node), cfg.name)
         self._buffer = None
         # the mappings of the data files in rotation (reuse_files: the kept steps and the spare;
@@ -139,7 +140,9 @@ class LocalCache:
         if os.path.islink(self.data_path(step)):
             os.unlink(self.data_path(step))  # a planted link would make every later write fail
         found = self.examine(step)
-        if found is not None and found.state == "incompatible":
+        if found is not None and self.abandoned(found):
+            self.retire(step)       # this job's step on another layout, newer than the restart's
+        elif found is not None and found.state == "incompatible":
             raise CheckpointWriteError(f"step {step} in {self.root} holds a checkpoint this job cannot use "
                                        f"({found.reason}); it is kept: use another name, remove it, or set "
                                        "start = 'fresh'")
@@ -197,6 +200,13 @@ class LocalCache:
         """Remove this rank's manifest of ``step`` (the data stays, reusable)."""
         storage.remove_file(self.manifest_path(step))
 
+    def abandoned(self, found):
+        """Local: whether ``found`` is a step of this job written on another rank count or
+        placement that a restart from an older step (``abandoned_after``, set by restart())
+        left behind: this run replaces it when it checkpoints the same step number."""
+        return (self.abandoned_after is not None and found.state == "incompatible" and found.manifest is not None
+                and found.manifest.name == self.cfg.name and found.step > self.abandoned_after)
+
     # ------------------------------------------------------------------ scan / restore
     def steps_on_disk(self):
         """Every step directory under the cache root (committed or not), ascending."""
@@ -218,18 +228,9 @@ class LocalCache:
             return Found(step, "damaged", reason=str(e))
         if m.step != step or m.rank != self.rank:
             return Found(step, "damaged", reason=f"{path}: describes step {m.step} rank {m.rank}")
-        if m.name != self.cfg.name:
-            return Found(step, "incompatible", m, f"{path}: belongs to job {m.name!r}, not {self.cfg.name!r}")
-        if m.world_size != self.world_size:
-            return Found(step, "incompatible", m,
-                         f"{path}: step {step} was written by {m.world_size} ranks, this job has {self.world_size}; "
-                         "only the pfs level restarts on another rank count")
-        if m.node != self.node or (m.placement and m.placement != self.placement):
-            here = (f"rank {self.rank} was on node {m.node}, now node {self.node}" if m.node != self.node else
-                    f"rank {self.rank} is on node {self.node} in both, other ranks moved")
-            return Found(step, "incompatible", m,
-                         f"{path}: step {step} was written with the ranks placed on other nodes ({here}): another "
-                         "ranks_per_node or other hosts")
+        reason = mf.foreign_reason(m, path, self.cfg.name, self.world_size, self.node, self.placement)
+        if reason is not None:
+            return Found(step, "incompatible", m, reason)
         return Found(step, "ok", m)
 
     def scan(self):

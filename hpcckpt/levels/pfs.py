@@ -231,6 +231,9 @@ class PfsStore:
                     except OSError as e:
                         raise CheckpointWriteError(f"cannot create {e.filename or path}: "
                                                    f"{' '.join(str(e.strerror or e).split())}") from e
+            if self.is_aggregator:
+                pending.data_ranges = [(off, node_index.entry(name).nbytes(r)) for (r, name), off in offsets.items()
+                                       if off is not None]
             offsets = self.node_comm.bcast(offsets, root=0)
             pieces = sum(-(-it.array.nbytes // piece) for it in mine)
             fault = faults.HalfWay("pfs-write", self.rank, step, max(1, pieces // 2)) if faults.active() else None
@@ -287,8 +290,9 @@ class PfsStore:
                 if self.rank == 0:
                     tmp = pending.tmp
                     try:
-                        files_ = {lay.node_file(n): s for n, s in sorted(v for v in sizes if v is not None)}
-                        index = dataclasses.replace(index, files=files_)
+                        written = sorted(v for v in sizes if v is not None)
+                        index = dataclasses.replace(index, files={lay.node_file(n): s for n, (s, _) in written},
+                                                    node_metadata={lay.node_file(n): m for n, (_, m) in written})
                         files.write_master(os.path.join(tmp, MASTER), index, self.cfg.file_mode)
                         index = dataclasses.replace(index, master_checksum=files.file_digest(os.path.join(tmp, MASTER)))
                         self._commit(tmp, index, renamed)
@@ -357,7 +361,7 @@ class PfsStore:
     def _write_node(self, pending, items):
         """Collective over the node: every rank's writer finishes its bytes (those it was not
         given yet come from ``items``), the aggregator sets the checksums begin() lacked and
-        fsyncs; returns the file size (aggregator)."""
+        fsyncs; returns (the file size, (its metadata extents, their checksum)) (aggregator)."""
         writer = pending.writer
         for i, it in enumerate(items):
             if writer.missing(i):
@@ -381,7 +385,11 @@ class PfsStore:
             raise error
         if failed:          # the failing rank raises; the agreement makes every rank raise its error
             return None
-        return os.path.getsize(writer.path) if self.is_aggregator else None
+        if not self.is_aggregator:
+            return None
+        size = os.path.getsize(writer.path)
+        extents = files.metadata_extents(size, pending.data_ranges)
+        return size, (tuple(extents), files.extents_digest(writer.path, extents))
 
     def _commit(self, tmp, index, renamed):
         """Local (rank 0): make the step durable and visible (``renamed[0]`` once renamed)."""
@@ -782,6 +790,7 @@ class PendingStep:
     nbytes: int
     checksums_known: bool
     writer: "NodeWriter" = None
+    data_ranges: list = None      # the aggregator's: (offset, nbytes) of each dataset's bytes in the node file
 
     def write(self, i, final, source=None):
         """Local: ``final`` is a prefix of item ``i``'s bytes that will not change (the cache

@@ -6,7 +6,8 @@ dataset per array that rank holds (its bytes are written with pwrite at the data
 ``checkpoint.h5``: the master — ``/rank_<R>`` external links to every rank's group, each global
 array (block and rows layouts) as a virtual dataset over the ranks' blocks, each replicated or
 root array as a link to rank 0's dataset. Damaged HDF5 metadata can crash libhdf5 itself, so
-every file is checked against the index (sizes, the master's checksum) before HDF5 opens it.
+every file is checked against the index before HDF5 opens it: its size, and the checksum of the
+master's bytes and of each node file's metadata (its bytes outside the datasets' data).
 """
 import os
 import stat
@@ -188,6 +189,10 @@ def open_node(step_dir, index, node, cache):
     if st.st_size != index.files.get(name):
         raise CorruptCheckpointError(f"{path}: size {st.st_size} bytes, the index says {index.files.get(name)} "
                                      f"({'truncated' if st.st_size < (index.files.get(name) or 0) else 'changed'})")
+    meta = index.node_metadata.get(name)
+    if meta is not None and extents_digest(path, meta[0]) != meta[1]:
+        raise CorruptCheckpointError(f"{path}: its HDF5 metadata (the bytes outside the arrays' data) does not "
+                                     "match the checksum in the index: damaged")
     where = {}
     try:
         with h5py.File(path, "r", locking=False) as f:
@@ -425,6 +430,34 @@ def check_link(link, want_file, want_path, path):
         raise CorruptCheckpointError(f"{path}: {err}") from None
     if link.filename != want_file or link.path != want_path:
         raise CorruptCheckpointError(f"{path}: link to {link.filename}:{link.path}, expected {want_file}:{want_path}")
+
+
+def metadata_extents(size, data_ranges):
+    """Local, pure: the (start, length) ranges of a file of ``size`` bytes outside its datasets'
+    bytes ``data_ranges`` ((offset, nbytes) pairs): HDF5's superblock, object headers and
+    attributes, and the alignment gaps."""
+    out, at = [], 0
+    for off, n in sorted(r for r in data_ranges if r[1] > 0):
+        if off > at:
+            out.append((at, off - at))
+        at = max(at, off + n)
+    if size > at:
+        out.append((at, size - at))
+    return out
+
+
+def extents_digest(path, extents):
+    """XXH3-64 (hex) of the bytes of ``extents`` of the file at ``path``, one after the other
+    (CorruptCheckpointError when the file is shorter)."""
+    h = new_hasher()
+    with open(path, "rb") as f:
+        for start, length in extents:
+            f.seek(start)
+            data = f.read(length)
+            if len(data) != length:
+                raise CorruptCheckpointError(f"{path}: shorter than the index says")
+            h.update(data)
+    return h.hexdigest()
 
 
 def file_digest(path):

@@ -81,6 +81,9 @@ class Index:
     master_checksum: str = ""   # XXH3-64 of checkpoint.h5's bytes, checked before HDF5 opens it
     epoch: int = 1
     state_keys: dict = dataclasses.field(default_factory=dict)   # state dict key -> layout kind
+    # node file name -> (extents ((start, length), ...) outside its datasets' bytes, XXH3-64 of
+    # their bytes): the HDF5 metadata, checked before HDF5 opens the file ({} in older indexes)
+    node_metadata: dict = dataclasses.field(default_factory=dict)
 
     def entry(self, name):
         return next((e for e in self.arrays if e.name == name), None)
@@ -91,6 +94,8 @@ class Index:
             "ckpt_id": self.ckpt_id, "world_size": self.world_size, "created": self.created,
             "checksum_algorithm": ALGORITHM, "master": MASTER, "node_of": list(self.node_of),
             "files": dict(self.files), "master_checksum": self.master_checksum, "state_keys": dict(self.state_keys),
+            "node_metadata": {f: {"extents": [list(x) for x in ext], "checksum": c}
+                              for f, (ext, c) in self.node_metadata.items()},
             "arrays": [{"name": e.name, "dtype": e.dtype, "layout": e.layout,
                         "global_shape": None if e.global_shape is None else list(e.global_shape),
                         "blocks": [None if b is None else
@@ -148,6 +153,7 @@ def parse_index(doc, where):
     master_checksum = doc.get("master_checksum")
     if not isinstance(master_checksum, str) or not mf._HEX_RE.match(master_checksum):
         raise bad("master_checksum must be a hex string")
+    node_metadata = _node_metadata(doc.get("node_metadata", {}), files, bad)
     state_keys = doc.get("state_keys", {}) if version >= 2 else {}
     if not isinstance(state_keys, dict) or not all(isinstance(k, str) and v in LAYOUTS for k, v in state_keys.items()):
         raise bad("state_keys must map state keys to layouts")
@@ -163,7 +169,29 @@ def parse_index(doc, where):
         entries.append(entry)
     return Index(name=doc["name"], step=step, ckpt_id=doc["ckpt_id"], world_size=size, created=float(created),
                  node_of=tuple(node_of), files=dict(files), arrays=tuple(entries), master_checksum=master_checksum,
-                 epoch=epoch, state_keys=dict(state_keys))
+                 epoch=epoch, state_keys=dict(state_keys), node_metadata=node_metadata)
+
+
+def _node_metadata(doc, files, bad):
+    """The index's node_metadata: for some of ``files``, ascending non-overlapping extents inside
+    the file and a hex checksum."""
+    if not isinstance(doc, dict) or not set(doc) <= set(files):
+        raise bad("node_metadata must map node files to their metadata extents")
+    out = {}
+    for name, meta in doc.items():
+        extents = meta.get("extents") if isinstance(meta, dict) else None
+        checksum = meta.get("checksum") if isinstance(meta, dict) else None
+        if not isinstance(extents, list) or len(extents) > 1 << 24 or not isinstance(checksum, str) \
+                or not mf._HEX_RE.match(checksum):
+            raise bad(f"node_metadata[{name!r}] must give extents and a hex checksum")
+        at = 0
+        for x in extents:
+            if not (isinstance(x, list) and len(x) == 2 and all(mf._is_int(v) for v in x)
+                    and x[0] >= at and x[1] > 0 and x[0] + x[1] <= files[name]):
+                raise bad(f"node_metadata[{name!r}]: bad extent {x!r}")
+            at = x[0] + x[1]
+        out[name] = (tuple(tuple(x) for x in extents), checksum)
+    return out
 
 
 def _parse_entry(a, size, version, bad):

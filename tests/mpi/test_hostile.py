@@ -176,7 +176,6 @@ def test_symlinks_out_of_the_cache_are_not_followed(what, env):
 
 
 @pytest.mark.parametrize("what,error", [("name", "IncompatibleCheckpointError"),
-                                        ("world_size", "IncompatibleCheckpointError"),
                                         ("version", "IncompatibleCheckpointError")])
 def test_checkpoint_of_another_job_or_world_size_is_refused(what, error, env):
     root, _ = env
@@ -187,6 +186,21 @@ def test_checkpoint_of_another_job_or_world_size_is_refused(what, error, env):
         restart(root)
     assert "Traceback" not in str(e.value)
     record("hostile", {"case": f"newest checkpoint of another {what}", "order": 3, "outcome": f"{error}: {e.value}"[:200]})
+
+
+@pytest.mark.parametrize("what", ["world_size", "placement"])
+def test_a_newer_checkpoint_of_another_layout_gives_way_to_one_this_job_restores(what, env, caplog):
+    """This job's newest step written on another rank count or placement (a relaunch on fewer
+    nodes): the restart takes the newest step it can restore, with a warning naming the other."""
+    root, _ = env
+    change = {"world_size": lambda d: d.update(world_size=4),
+              "placement": lambda d: d.update(placement=mf.placement_digest([0, 0]))}[what]
+    plant(root, 5, crafted(root, change))
+    with caplog.at_level(logging.WARNING, logger="hpcckpt"):
+        assert restart(root, log_level="WARNING") == 1
+    assert "restarting from step 1" in caplog.text and "step_0000000005" in caplog.text, caplog.text
+    record("hostile", {"case": f"newest checkpoint of another {what}", "order": 3,
+                       "outcome": "the restart takes step 1 (the newest this job restores), with a warning"})
 
 
 # ---------------------------------------------------------------------- pfs
@@ -294,6 +308,51 @@ def test_a_damaged_pfs_index_or_master_is_named_at_restart(damage, pfs_env):
     else:
         assert got == 5 and any("pfs step 5 was restored from its node files, but its master file" in line
                                 for line in captured.lines), captured.lines
+
+
+def _node_metadata_offsets(path):
+    """The offsets of a node file's bytes outside its datasets' data (found with h5py)."""
+    import h5py
+    data = []
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: data.append((obj.id.get_offset(), obj.id.get_storage_size()))
+                     if isinstance(obj, h5py.Dataset) and obj.id.get_offset() is not None else None)
+    inside = np.zeros(os.path.getsize(path), bool)
+    for off, n in data:
+        inside[off:off + n] = True
+    return np.flatnonzero(~inside)
+
+
+def test_a_flipped_byte_in_a_node_files_hdf5_metadata_is_damage_never_intact(pfs_env):
+    """Red team 4: one byte of a node file's HDF5 metadata flipped (superblock, object headers,
+    attributes; every 37th byte of it, one at a time) was read as intact by verify, gave wrong
+    attributes to h5py, or crashed libhdf5 (restart and verify: SIGSEGV). Now every flip is a
+    damaged step before HDF5 opens the file, and the restart falls back to step 1."""
+    from hpcckpt.levels import pfs_files
+    root, step, _ = pfs_env
+    path = os.path.join(step, "node_000000.h5")
+    offsets = _node_metadata_offsets(path)
+    assert 1000 < offsets.size < 64 << 10
+    missed = []
+    with open(path, "r+b") as f:
+        for at in offsets[::37]:
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0x5A]))
+            f.flush()
+            if not pfs_files.verify_step(step)[1]:
+                missed.append(int(at))
+            f.seek(at)
+            f.write(byte)
+            f.flush()
+        assert not missed, f"flips verify called intact: {missed[:20]}"
+        f.seek(int(offsets[offsets.size // 2]))
+        f.write(b"\xff")
+    assert restart(root) == 1
+    record("hostile", {"case": "pfs: a byte of a node file's HDF5 metadata flipped", "order": 4,
+                       "outcome": "damaged before HDF5 opens it (metadata checksum); verify says so; falls back to "
+                                  "pfs step 1"})
 
 
 def test_master_with_an_absolute_link_fails_verify(pfs_env):

@@ -113,6 +113,21 @@ def test_restart_on_another_rank_count(before, after, shm_dir, tmp_path, elastic
     assert np.load(tmp_path / "f.npy").tobytes() == elastic_reference.tobytes()
 
 
+@pytest.mark.parametrize("after", [2, 6])
+def test_a_relaunch_on_another_rank_count_takes_the_pfs_step_when_the_caches_hold_newer_ones(after, shm_dir, tmp_path,
+                                                                                            elastic_reference):
+    """Local checkpoints between the pfs ones: the node caches hold step 8 of 4 ranks, newer than
+    the pfs step 7. A relaunch on another rank count restarts from step 7 (a warning names step
+    8), replaces the old step 8 when it checkpoints step 8 itself, and ends bitwise equal."""
+    res = elastic(4, shm_dir, "--crash-at", 9, "--local-between")
+    assert res.returncode != 0
+    res = elastic(after, shm_dir, "--local-between", "--out", tmp_path / "f.npy")
+    assert res.returncode == 0, str(res)
+    assert res.lines("RESTART") == ["7"] and "restarting from step 7" in res.stderr, str(res)
+    assert "step_0000000008/rank_000000.json: step 8 was written by 4 ranks" in res.stderr, str(res)
+    assert np.load(tmp_path / "f.npy").tobytes() == elastic_reference.tobytes()
+
+
 def test_stop_signal_takes_a_final_pfs_checkpoint_then_exits(shm_dir, tmp_path, reference):
     """What SLURM's --signal=B:USR1@T does, without SLURM: rank 1 gets SIGUSR1 after step 7; every rank
     takes a pfs checkpoint at the same step and stops; the next run restarts from it."""

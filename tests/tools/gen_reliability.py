@@ -163,7 +163,8 @@ RED_TEAM = [
      "an epoch per run in every manifest and index; retention and restart work on the newest epoch only",
      "test_red_team: test_a_fresh_run_keeps_its_pfs_checkpoints_and_restarts_from_them"),
     ("a relaunch with another world size, other arrays or ranks_per_node deleted the good job's checkpoints",
-     "the restart stops (IncompatibleCheckpointError / MismatchError); a run that goes on deletes and "
+     "the restart takes an older step this layout can restore (pfs) with a warning, or stops "
+     "(IncompatibleCheckpointError / MismatchError); a run that goes on without restarting deletes and "
      "overwrites nothing of it", "a placement digest in manifests; retire and discard only this run's "
      "own files; writes over another job's manifest refused", "test_a_relaunch_that_cannot_use_the_checkpoints_deletes_nothing"),
     ("two jobs of the same name overwrote each other's commits", "the second is refused: ConcurrentJobError",

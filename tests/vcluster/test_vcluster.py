@@ -174,6 +174,46 @@ def test_a_moved_step_replaces_files_of_the_same_name_only_when_they_are_older(c
         assert left == rank1, str(kept)
 
 
+def test_a_fresh_start_on_reordered_hosts_replaces_the_earlier_run(cluster, config, references, tmp_path):
+    """A run ends at step 19 on n1, n2, n3; a run with start = "fresh" on the same hosts in
+    another order (n3, n1, n2) crashes after step 12; its relaunch restarts from its own step 9,
+    not from the earlier run's step 19, and each host holds only its ranks' files of the new run:
+    the fresh run looks at (and, after its first checkpoint, removes) the earlier run's files of
+    each rank on whichever host they are, as a restart does."""
+    before, _, after = REORDER
+    cfg, name = config()
+    sim(cluster, 3, 1, cfg, "--level", "partner", nodes=before)
+    fresh, _ = config(start="fresh")
+    res = sim(cluster, 3, 1, fresh, "--level", "partner", "--crash-at", 12, "--crash-rank", 2, ok=False, nodes=after)
+    assert restart_step(res) is None and "were on other hosts" in res.stderr, str(res)
+    cfg, _ = config()
+    res = sim(cluster, 3, 1, cfg, "--level", "partner", "--out", tmp_path / "out", nodes=after)
+    assert restart_step(res) == 9 and "were on other hosts" not in res.stderr, str(res)
+    assert outputs(tmp_path / "out") == references[3, False]
+    for node, host in enumerate(after):
+        found = cluster.exec(host, "find", f"{vh.LOCAL}/hpcckpt-root/{name}", "-name", "rank_*.json")
+        assert {os.path.basename(p) for p in found.stdout.split()} == {f"rank_{node:06d}.json"}, str(found)
+
+
+def test_a_relaunch_on_another_rank_count_leaves_the_node_caches_where_they_are(cluster, config, references,
+                                                                                tmp_path):
+    """Four ranks checkpoint on n1..n4; a relaunch of two ranks on n2, n1 (each on the host of
+    the other's files) cannot restart from the node caches (IncompatibleCheckpointError; no pfs
+    step) and moves nothing: those files are of another rank count, and the relaunch on the
+    original four hosts restarts from them."""
+    cfg, name = config()
+    sim(cluster, 4, 1, cfg, "--level", "partner", "--crash-at", 12, "--crash-rank", 3, ok=False)
+    res = sim(cluster, 2, 1, cfg, "--level", "partner", nodes=["n2", "n1"], ok=False)
+    assert "IncompatibleCheckpointError" in res.stdout and "written by 4 ranks" in res.stdout, str(res)
+    assert "were on other hosts" not in res.stderr, str(res)
+    for node, host in enumerate(cluster.nodes):
+        found = cluster.exec(host, "find", f"{vh.LOCAL}/hpcckpt-root/{name}/step_0000000009", "-name", "rank_*.json")
+        assert {os.path.basename(p) for p in found.stdout.split()} == {f"rank_{node:06d}.json"}, str(found)
+    res = sim(cluster, 4, 1, cfg, "--level", "partner", "--out", tmp_path / "out")
+    assert restart_step(res) == 9, str(res)
+    assert outputs(tmp_path / "out") == references[4, False]
+
+
 def test_rs_survives_two_lost_nodes(cluster, config, references, tmp_path):
     cfg, name = config()
     sim(cluster, 4, 1, cfg, "--level", "rs", "--crash-at", 12, "--crash-rank", 3, ok=False)

@@ -2,7 +2,8 @@
 
 A 2-D field split by rows (uneven) and a global step counter kept by rank 0 (the other ranks hold
 an empty block of it). Options: --cache --steps --every --crash-at --out (rank 0 writes the
-assembled field) --level. Prints "RESTART <step|None>", "DONE".
+assembled field) --local-between (a local checkpoint at every step between the pfs ones).
+Prints "RESTART <step|None>", "DONE".
 """
 import argparse
 import json
@@ -21,6 +22,7 @@ p.add_argument("--every", type=int, default=4)
 p.add_argument("--crash-at", type=int, default=-1)
 p.add_argument("--out", default=None)
 p.add_argument("--config-json", default="{}")
+p.add_argument("--local-between", action="store_true")
 a = p.parse_args()
 
 comm = MPI.COMM_WORLD
@@ -56,6 +58,8 @@ try:  # an error hpcckpt raised on every rank leaves the block on every rank (no
                 os.kill(os.getpid(), signal.SIGKILL)
             if (step + 1) % a.every == 0:
                 ckpt.checkpoint(step, level="pfs")
+            elif a.local_between:
+                ckpt.checkpoint(step, level="local")
 except hpcckpt.HpcCkptError:
     raise SystemExit(3)
 whole = comm.gather(field, root=0)
