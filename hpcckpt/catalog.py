@@ -151,7 +151,7 @@ def scan(root, max_depth=MAX_DEPTH):
     try:
         st = os.stat(root)          # root itself may be a symbolic link: the user named it
     except OSError as e:
-        raise HpcCkptError(f"{root}: {'not a directory' if isinstance(e, FileNotFoundError) else why(e)}") from None
+        raise HpcCkptError(f"{root}: {'no such directory' if isinstance(e, FileNotFoundError) else why(e)}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise HpcCkptError(f"{root}: not a directory")
     cat = Catalog(root)

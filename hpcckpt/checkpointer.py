@@ -1017,7 +1017,8 @@ class Checkpointer:
         if self.comm.rank == 0:
             bad = [(r, v) for r, v in enumerate(reasons) if v]
             more = f" (and {len(bad) - 4} more ranks)" if len(bad) > 4 else ""
-            log.warning("step %d cannot be restored (%s%s%s); falling back to an older checkpoint", step,
+            log.warning("step %d cannot be restored from the node caches (%s%s%s); trying its pfs copy, if there "
+                        "is one, then older checkpoints", step,
                         "; ".join(f"rank {r}: {v}" for r, v in bad[:4]), more, f"; {why}" if why else "")
 
     def _try_pfs(self, step, key, listing, state):

@@ -157,8 +157,8 @@ def agree(comm, exc=None, what="operation", words=()):
             text = f"{what} failed{where}: {message}"
             others = sorted(failures)[1:]
             if others:
-                text += f" (and on {len(others)} more rank{'s' if len(others) > 1 else ''}: " \
-                        f"{', '.join(map(str, others[:8]))}{', …' if len(others) > 8 else ''})"
+                text += f" [also failed on {len(others)} more rank{'s' if len(others) > 1 else ''}: " \
+                        f"{', '.join(map(str, others[:8]))}{', …' if len(others) > 8 else ''}]"
         detail = {r: m for r, (_, m, _) in list(failures.items())[:64]}
         decision = (cls_name, text, message, detail)
     else:

@@ -44,6 +44,7 @@ FAILURE_CLASSES = {"process": "local", "node": "partner", "system": "pfs"}
 
 _BLOCK = 256          # failure times are drawn per class in blocks of this size (prefix-stable)
 _MAX_SLOWDOWN = 200.0  # give up when the wall time would exceed this many times the work
+_MAX_FAILURES = 1_000_000  # ... or when one simulated run would need more failures than this
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,9 @@ def _run_one(setup, trace):
         if status == 2 or valid > max_wall:
             raise HpcCkptError(f"simulate: the run would take more than {_MAX_SLOWDOWN:g} times its work "
                                "(efficiency below 0.5%); check the periods, costs and MTBFs")
+        if times.size > _MAX_FAILURES:
+            raise HpcCkptError(f"simulate: the run would not end within {_MAX_FAILURES:,} failures (a failure "
+                               f"every {valid / times.size:.3g} s on average); check the periods, costs and MTBFs")
         horizon = 2.0 * max(valid, horizon)
 
 
@@ -346,7 +350,13 @@ def simulate(work, periods, costs, failures, *, restarts=None, downtime=0.0, dis
         if len(times) and (np.any(np.diff(times) < 0) or times[0] < 0):
             raise ConfigError("simulate: trace times must be sorted and >= 0")
         return _run_one(setup, _FixedTrace(times, [order.index(n) for n in names]))
-    return _run_one(setup, _Trace(int(seed), 0, classes, distribution, shape))
+    return _run_one(setup, _Trace(_check_seed(seed), 0, classes, distribution, shape))
+
+
+def _check_seed(seed):
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"simulate: seed must be an integer >= 0, got {seed!r}")
+    return int(seed)
 
 
 def sweep(work, schedules, costs, failures, *, trials=100, seed=0, restarts=None, downtime=0.0,
@@ -354,6 +364,7 @@ def sweep(work, schedules, costs, failures, *, trials=100, seed=0, restarts=None
     """Simulate each schedule (a periods dict) over the same ``trials`` failure traces (common
     random numbers) and return one SimSummary per schedule (local, deterministic for a seed)."""
     shape = _check_distribution(distribution, shape)
+    seed = _check_seed(seed)
     trials = int(trials)
     if trials < 1:
         raise ConfigError(f"simulate: trials must be >= 1, got {trials}")
@@ -361,7 +372,7 @@ def sweep(work, schedules, costs, failures, *, trials=100, seed=0, restarts=None
     setups = [_setup(work, p, costs, classes, restarts, downtime, scratch_restart) for p in schedules]
     results = [[] for _ in setups]
     for i in range(trials):
-        trace = _Trace(int(seed), i, classes, distribution, shape)
+        trace = _Trace(seed, i, classes, distribution, shape)
         for j, s in enumerate(setups):
             results[j].append(_run_one(s, trace))
     out = []

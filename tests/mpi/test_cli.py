@@ -108,7 +108,7 @@ def test_inspect(checkpoints):
 
 def test_missing_directory_is_a_clear_error(tmp_path):
     res = cli("list", tmp_path / "nope")
-    assert res.returncode == 2 and "not a directory" in res.stderr and "Traceback" not in res.stderr
+    assert res.returncode == 2 and "no such directory" in res.stderr and "Traceback" not in res.stderr
 
 
 @pytest.mark.parametrize("level", ["partner", "xor"])

@@ -204,7 +204,7 @@ def test_usage_errors_are_one_line(tmp_path):
     rc, out, err = run("inspect", tmp_path, "nine")
     assert rc == 2 and len(err.strip().splitlines()) == 1
     rc, out, err = run("verify", tmp_path / "nope")
-    assert rc == 2 and err.strip() == f"hpcckpt verify: {tmp_path / 'nope'}: not a directory"
+    assert rc == 2 and err.strip() == f"hpcckpt verify: {tmp_path / 'nope'}: no such directory"
     open(tmp_path / "file", "w").close()
     assert run("list", tmp_path / "file")[0] == 2
     assert run("verify", tmp_path)[0] == 2          # nothing there

@@ -135,6 +135,8 @@ def test_level_rates_and_formula_periods():
     dict(costs={"local": 1.0}),
     dict(distribution="gaussian"),
     dict(work=-5),
+    dict(seed=-1),
+    dict(seed=1.5),
 ])
 def test_simulate_rejects_bad_input(kwargs):
     args = dict(work=1000.0, periods={"pfs": 100.0}, costs={"pfs": 5.0}, failures={"system": 3600.0})
@@ -175,6 +177,8 @@ def test_cli_simulate_multilevel_row(capsys):
     ["simulate", "--cost", "5min", "--mtbf", "6h", "--work", "soon"],
     ["simulate", "--cost", "5min", "--mtbf", "6h", "--trials", "1"],
     ["simulate", "--cost", "5min", "--mtbf", "6h", "--min-factor", "3", "--max-factor", "2"],
+    ["simulate", "--cost", "5min", "--mtbf", "24h", "--seed", "-1"] + FAST,
+    ["simulate", "--cost", "5min", "--mtbf", "1min", "--work", "30d", "--trials", "2", "--points", "2"],
 ])
 def test_cli_simulate_bad_input(argv, capsys):
     assert _run(argv) == 2
