@@ -124,6 +124,12 @@ class Checkpointer:
         self.comm = comm                 # the application's: never used for the library's messages
         self._closed = True
         self._locks = []
+        # the same answer on every rank: raised on each, no hang
+        if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL or comm.Is_inter():
+            raise ConfigError(f"Checkpointer needs an intracommunicator (MPI.COMM_WORLD, or one made by Dup or "
+                              f"Split), got {'MPI.COMM_NULL' if comm == MPI.COMM_NULL else repr(comm)}"
+                              + (": an intercommunicator joins two groups that do not share one checkpoint"
+                                 if isinstance(comm, MPI.Comm) and comm != MPI.COMM_NULL else ""))
         self._comm = comm.Dup()          # every message of the library goes on this one
         self._arrays = {}
         self._layouts = {}
@@ -212,8 +218,10 @@ class Checkpointer:
         signals = self.config.stop_signals
         if signals == "auto":
             signals = ("SIGUSR1",) if slurm.in_slurm() else ()
-        if signals:
-            slurm.install_stop_handler(signals)
+        if signals and not slurm.install_stop_handler(signals):
+            log.warning("rank %d: stop_signals %s are not handled: the Checkpointer was created outside the main "
+                        "thread, and Python installs signal handlers only there (create it in the main thread, "
+                        "or request the stop with the stop file: docs/SLURM.md)", self.comm.rank, list(signals))
         if self.config.end_time is None and slurm.in_slurm() and self.comm.rank == 0:
             end = slurm.job_end_time()
             if end is not None:

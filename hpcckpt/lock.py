@@ -4,14 +4,18 @@ Two jobs with the same ``name`` writing into the same cache or pfs directory wou
 other's commits. Each rank holds ``flock`` on ``<job dir>/.lock.rank_<R>`` in its node cache, and
 rank 0 on ``<pfs_dir>/<name>/.lock`` once it uses the pfs level; a second job of the same name
 there finds the lock taken and is refused. The kernel drops the lock when the process ends, also
-when it is killed, so a relaunch after a crash never finds a stale lock. File systems without
-``flock`` (some parallel file systems mounted without it) only get a warning.
+when it is killed, so a relaunch after a crash never finds a stale lock. A process forked by the
+application (a multiprocessing pool, a helper) closes its copies of the lock descriptors at once,
+and ``release()`` unlocks before closing: a child that outlives the Checkpointer or its parent
+holds no lock. File systems without ``flock`` (some parallel file systems mounted without it)
+only get a warning.
 """
 import errno
 import fcntl
 import logging
 import os
 import socket
+import weakref
 
 from .errors import ConcurrentJobError
 
@@ -45,12 +49,36 @@ class DirLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
         self.fd = fd
+        _HELD.add(self)
 
     def release(self):
         """Local: free the lock (harmless twice). The file stays: removing it would race."""
         if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)      # also for a forked child's copy of the descriptor
+            finally:
+                os.close(self.fd)
+                self.fd = None
+            _HELD.discard(self)
+
+
+_HELD = weakref.WeakSet()
+
+
+def _close_in_child():
+    """In a forked child: close the copies of the held locks' descriptors without unlocking
+    (the lock is the parent's; it is freed when the parent releases it or ends)."""
+    for lock in list(_HELD):
+        if lock.fd is not None:
+            try:
+                os.close(lock.fd)
+            except OSError:
+                pass
+            lock.fd = None
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
 
 
 def _read_holder(fd):

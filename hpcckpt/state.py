@@ -386,15 +386,27 @@ def _overlap(x, y):
         return False
 
 
+def _byte_bounds(arr):
+    """Local: [low, high) of the addresses ``arr``'s elements occupy."""
+    low = high = arr.__array_interface__["data"][0]
+    for n, stride in zip(arr.shape, arr.strides):
+        low, high = low + min(0, stride * (n - 1)), high + max(0, stride * (n - 1))
+    return low, high + arr.itemsize
+
+
 def _refuse_shared_targets(reads, where):
     """ProtectError when two values would be read into the same memory (restart({"u": t,
-    "u_old": t})): the second would overwrite the first."""
-    targets = [(name, arr) for name, arr in reads if arr.size]
-    for i, (a, x) in enumerate(targets):
-        for b, y in targets[i + 1:]:
-            if np.may_share_memory(x, y) and _overlap(x, y):
+    "u_old": t})): the second would overwrite the first. The arrays are swept in address order:
+    only those whose address ranges meet are compared (not every pair)."""
+    targets = sorted(((_byte_bounds(arr), name, arr) for name, arr in reads if arr.size), key=lambda t: t[0])
+    reaching = []        # (end, name, array) of the arrays so far whose range goes on past the current start
+    for (low, high), b, y in targets:
+        reaching = [t for t in reaching if t[0] > low]
+        for _, a, x in reaching:
+            if _overlap(x, y):
                 raise ProtectError(f"{where}: state[{a!r}] and state[{b!r}] share memory: each value needs a "
                                    "buffer of its own (the second would overwrite the first)")
+        reaching.append((high, b, y))
 
 
 def _plan_dict(target, items, shapes, reads, assign, prefix, where):

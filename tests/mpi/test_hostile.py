@@ -203,6 +203,28 @@ def test_a_newer_checkpoint_of_another_layout_gives_way_to_one_this_job_restores
                        "outcome": "the restart takes step 1 (the newest this job restores), with a warning"})
 
 
+def test_stop_signals_that_cannot_be_installed_outside_the_main_thread_are_named(tmp_path):
+    """Red team 4: a Checkpointer created in a worker thread silently left stop_signals
+    unhandled (no final checkpoint at the signal). Now a warning says so."""
+    import threading
+    out = []
+
+    def build():
+        with make(str(tmp_path), stop_signals=["USR1"], log_level="WARNING"):
+            out.append(True)
+    captured = _Captured()
+    logging.getLogger("hpcckpt").addHandler(captured)
+    try:
+        t = threading.Thread(target=build)
+        t.start()
+        t.join()
+    finally:
+        logging.getLogger("hpcckpt").removeHandler(captured)
+    assert out == [True]
+    assert any("stop_signals ['SIGUSR1'] are not handled" in line and "main thread" in line
+               for line in captured.lines), captured.lines
+
+
 # ---------------------------------------------------------------------- pfs
 @pytest.fixture
 def pfs_env(tmp_path):

@@ -232,3 +232,22 @@ def test_pfs_dir_that_is_a_file_gives_a_write_error(shm_dir):
     res = job(shm_dir, 4, "--steps", 10, "--levels", "local,pfs", pfs=bad)
     fails = res.lines("CKPTFAIL")
     assert res.returncode == 0 and len(fails) == 4 and all(f.startswith("9 CheckpointWriteError") for f in fails), str(res)
+
+
+def test_an_intercommunicator_or_comm_null_is_refused_on_every_rank(shm_dir):
+    """Red team 4: Checkpointer(intercomm) failed with a TypeError on one rank and hung the
+    other; COMM_NULL gave MPI's own error. Now a ConfigError on every rank, no hang."""
+    script = os.path.join(shm_dir, "inter.py")
+    with open(script, "w") as f:
+        f.write("from mpi4py import MPI\nimport hpcckpt\nw = MPI.COMM_WORLD\n"
+                "local = w.Split(w.rank % 2, w.rank)\n"
+                "inter = local.Create_intercomm(0, w, 1 - w.rank % 2, tag=5)\n"
+                "for comm in (inter, MPI.COMM_NULL):\n"
+                "    try:\n"
+                f"        hpcckpt.Checkpointer(comm, name='ic', cache_dir={os.path.join(shm_dir, 'node{node}')!r})\n"
+                "    except hpcckpt.ConfigError as e:\n"
+                "        print('REFUSED', w.rank, e, flush=True)\n")
+    res = run_mpi(2, script, timeout=TIMEOUT)
+    refused = res.lines("REFUSED")
+    assert res.returncode == 0 and len(refused) == 4, str(res)
+    assert all("needs an intracommunicator" in r for r in refused), str(res)

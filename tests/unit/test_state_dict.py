@@ -236,6 +236,27 @@ def test_two_values_restored_into_one_buffer_are_refused():
     assert [name for name, _ in plan.reads] == ["u", "u_old"]
 
 
+def test_many_arrays_are_checked_for_shared_memory_in_address_order():
+    """Red team 4: the check compared every pair (30,000 arrays: a restart of minutes). Now only
+    arrays whose address ranges meet are compared; overlaps are still found among many, also
+    through reversed and strided views."""
+    n = 30000
+    arrays = {f"a{i}": np.zeros(3) for i in range(n)}
+    shapes = {k: ((3,), "<f8") for k in arrays}
+    items = {k: {"$array": k} for k in arrays}
+    plan = st.plan_restore(arrays, items, shapes, "step 1")
+    assert len(plan.reads) == n
+    big = np.zeros(64)
+    for first, second in ((big[:8], big[7:15]), (big[::-1][:8], big[56:58]), (big[::4][:3], big[8:9])):
+        state = dict(arrays, x=first, y=second)
+        sh = dict(shapes, x=(first.shape, "<f8"), y=(second.shape, "<f8"))
+        with pytest.raises(ProtectError, match="share memory"):
+            st.plan_restore(state, dict(items, x={"$array": "x"}, y={"$array": "y"}), sh, "step 1")
+    state = dict(arrays, x=big[::4][:3], y=big[9:11])      # inside x's range, not on its elements
+    sh = dict(shapes, x=((3,), "<f8"), y=((2,), "<f8"))
+    assert len(st.plan_restore(state, dict(items, x={"$array": "x"}, y={"$array": "y"}), sh, "step 1").reads) == n + 2
+
+
 def test_a_nested_dict_missing_keys_suggests_none_as_placeholder():
     items = {"hist": {"$dict": {"s0": 1, "s1": 2}}}
     with pytest.raises(MismatchError, match="can be given as None"):
