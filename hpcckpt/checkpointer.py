@@ -801,8 +801,6 @@ class Checkpointer:
             key = c.result[0]
             if first and any_incompatible and (inc_key > key or key == 0):
                 self._raise_incompatible(incompatible, inc_key)
-            if first and layout_key > key:
-                self._report_other_layout(other_layout, layout_key, key)
             first = False
             if key == 0:
                 break
@@ -819,6 +817,7 @@ class Checkpointer:
             if restored:
                 self._epoch, self._last_step = newest_epoch, step
                 if layout_key > key:
+                    self._report_other_layout(other_layout, layout_key, step)
                     self.cache.abandoned_after = step
                 self._retire(keep_upto=step)
                 if self.comm.rank == 0:
@@ -853,16 +852,14 @@ class Checkpointer:
                             "from what each host holds", e)
             return []
 
-    def _report_other_layout(self, other_layout, layout_key, key):
+    def _report_other_layout(self, other_layout, layout_key, step):
         """Collective: warn that the newest steps in the node caches are of another rank count or
-        placement, and that the restart takes an older one this job can restore (``key``; 0:
-        none, then restart() raises IncompatibleCheckpointError after the candidates)."""
+        placement, and that the restart took ``step``, an older one this job can restore."""
         text = self._first_text(next((f.reason for f in other_layout if f.key == layout_key), None))
-        if self.comm.rank == 0 and key:
+        if self.comm.rank == 0:
             log.warning("the newest checkpoint in the node caches is of another rank count or placement (%s); "
-                        "restarting from step %d, the newest this job can restore. Its files stay, except a step "
-                        "of the same number as one this run checkpoints later, which is replaced",
-                        text, mf.split_key(key)[1])
+                        "restarted from step %d, the newest this job can restore. Their files stay, except a step "
+                        "of the same number as one this run checkpoints, which is replaced", text, step)
 
     def _raise_incompatible(self, incompatible, inc_key):
         """Collective: raise IncompatibleCheckpointError with the reason of a rank that has it."""
@@ -943,7 +940,9 @@ class Checkpointer:
         if manifest is None:
             manifest = self.cache.read_manifest(step, quiet=True)
             if manifest is None:
-                return f"no readable manifest ({self.cache.manifest_path(step)})", None, None
+                found = self.cache.examine(step)      # failure path: say why, when the manifest is there
+                return (found.reason if found is not None and found.state != "ok" and found.reason else
+                        f"no readable manifest ({self.cache.manifest_path(step)})"), None, None
         if manifest.ckpt_id != ckpt_id:
             return f"its manifest belongs to another attempt (checkpoint {manifest.ckpt_id})", manifest, None
         self._check_protected(manifest)
@@ -1025,8 +1024,8 @@ class Checkpointer:
         if self.comm.rank == 0:
             bad = [(r, v) for r, v in enumerate(reasons) if v]
             more = f" (and {len(bad) - 4} more ranks)" if len(bad) > 4 else ""
-            log.warning("step %d cannot be restored from the node caches (%s%s%s); trying its pfs copy, if there "
-                        "is one, then older checkpoints", step,
+            log.warning("step %d cannot be restored from the node caches (%s%s%s); falling back to its pfs copy, if "
+                        "there is one, else to an older checkpoint", step,
                         "; ".join(f"rank {r}: {v}" for r, v in bad[:4]), more, f"; {why}" if why else "")
 
     def _try_pfs(self, step, key, listing, state):

@@ -237,9 +237,13 @@ class BlockReader:
         self._nodes, self._fds = {}, {}
         self._buf = np.empty(chunk, np.uint8)
 
+    def open(self, node):
+        """(path, {(rank, name): (offset, nbytes)}) of node file ``node``, validated once."""
+        return open_node(self.step_dir, self.index, node, self._nodes)
+
     def source(self, rank, name):
         """(fd, path, file offset, nbytes) of rank ``rank``'s block of array ``name``."""
-        path, where = open_node(self.step_dir, self.index, self.index.node_of[rank], self._nodes)
+        path, where = self.open(self.index.node_of[rank])
         if path not in self._fds:
             self._fds[path] = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         off, nbytes = where[(rank, name)]
@@ -335,17 +339,19 @@ def verify_step(step_dir, name=None, chunk=1 << 20, max_bytes=None):
     reader = BlockReader(step_dir, index, chunk)
     bad_nodes = set()
     try:
+        for node in sorted(set(index.node_of)):       # a node file that cannot be used: said once
+            try:
+                reader.open(node)
+            except CorruptCheckpointError as err:
+                problems.append(str(err))
+                bad_nodes.add(node)
         for i, e in enumerate(index.arrays):
             for r in e.holders():
-                node = index.node_of[r]
-                if node in bad_nodes:
-                    continue
-                try:
-                    reader.verify(i, r)
-                except CorruptCheckpointError as err:
-                    problems.append(str(err))
-                    if "checksum" not in str(err):
-                        bad_nodes.add(node)       # the whole node file is unreadable: say it once
+                if index.node_of[r] not in bad_nodes:
+                    try:
+                        reader.verify(i, r)
+                    except CorruptCheckpointError as err:
+                        problems.append(str(err))
     finally:
         reader.close()
     return index, problems

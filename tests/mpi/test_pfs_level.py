@@ -123,7 +123,7 @@ def test_a_relaunch_on_another_rank_count_takes_the_pfs_step_when_the_caches_hol
     assert res.returncode != 0
     res = elastic(after, shm_dir, "--local-between", "--out", tmp_path / "f.npy")
     assert res.returncode == 0, str(res)
-    assert res.lines("RESTART") == ["7"] and "restarting from step 7" in res.stderr, str(res)
+    assert res.lines("RESTART") == ["7"] and "restarted from step 7" in res.stderr, str(res)
     assert "step_0000000008/rank_000000.json: step 8 was written by 4 ranks" in res.stderr, str(res)
     assert np.load(tmp_path / "f.npy").tobytes() == elastic_reference.tobytes()
 

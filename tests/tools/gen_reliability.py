@@ -139,6 +139,12 @@ def render(d):
             "byte in a restore from an intact or rebuilt step; these classes did not behave as a user expects and "
             "are fixed:"]
     out += _red_team_table(RED_TEAM_3)
+    out += ["", "A fourth review (2026-12-06, two helpers, then a third on the fixes) wrote applications with several "
+            "Checkpointers at once, Checkpointers on sub-communicators and in threads, forked pools, arrays over "
+            "2 GiB and 30,000 arrays; used the CLI and the HDF5 files as operators and users do (node files fuzzed "
+            "byte by byte); and relaunched on other rank counts and reordered hosts. The restores it checked were "
+            "bitwise; these classes did not behave as a user expects and are fixed:"]
+    out += _red_team_table(RED_TEAM_4)
     soak = load(d, "soak")
     out += ["", "## Running long", ""]
     for s in soak:
@@ -311,6 +317,48 @@ RED_TEAM_3 = [
      "failed later as a CorruptCheckpointError; restart({'u': t, 'u_old': t}) filled one buffer twice",
      "ConfigError / ProtectError at once", "config validation; restart refuses state targets that share memory",
      "tests/unit/test_config.py, tests/unit/test_state_dict.py"),
+]
+
+
+RED_TEAM_4 = [
+    ("a relaunch on fewer nodes (another rank count or ranks_per_node) whose node caches held steps newer than "
+     "the newest pfs step stopped with IncompatibleCheckpointError: the restart on another rank count that the "
+     "pfs level exists for needed the caches deleted by hand", "restarts from the newest step this layout "
+     "restores (pfs), with a warning naming the newer one; replaces such a step when it checkpoints its number; "
+     "IncompatibleCheckpointError only when nothing fits", "restart weighs this job's steps of another layout "
+     "apart from another job's or a newer format's", "test_pfs_level: test_a_relaunch_on_another_rank_count_takes_"
+     "the_pfs_step_when_the_caches_hold_newer_ones; test_hostile: test_a_newer_checkpoint_of_another_layout_gives_"
+     "way_to_one_this_job_restores"),
+    ("start = \"fresh\" on reordered hosts: its epoch scan saw only each rank's own files, so the relaunch after it "
+     "restarted from the earlier run's newer step (the earlier run's state, not this run's)", "this run's step",
+     "start = \"fresh\" relocates the files first, then scans and (after its first checkpoint) removes them",
+     "tests/vcluster: test_a_fresh_start_on_reordered_hosts_replaces_the_earlier_run"),
+    ("a relaunch on another rank count moved the old rank count's files between hosts; with the hosts swapped "
+     "no rank saw its own, and the run started from scratch without a word", "not moved; weighed by the restart "
+     "as each rank's own (IncompatibleCheckpointError here: no pfs step); the original rank count restarts "
+     "from them", "relocate reports the manifests of another layout it sees", "tests/vcluster: test_a_relaunch_on_"
+     "another_rank_count_leaves_the_node_caches_where_they_are"),
+    ("one flipped byte in a pfs node file's HDF5 metadata: verify said intact while h5py read wrong attributes, "
+     "or libhdf5 crashed (restart and verify: SIGSEGV on every rank, no fallback) or looped", "a damaged step "
+     "before HDF5 opens the file: the restart falls back, verify says DAMAGED", "the index holds a checksum of "
+     "each node file's bytes outside its datasets (node_metadata)", "test_hostile: test_a_flipped_byte_in_a_node_"
+     "files_hdf5_metadata_is_damage_never_intact"),
+    ("restart() of a state with 30,000 arrays ran for minutes (every pair checked for shared memory)",
+     "1.7 s", "only arrays whose address ranges meet are compared (a sweep in address order)",
+     "tests/unit/test_state_dict.py: test_many_arrays_are_checked_for_shared_memory_in_address_order"),
+    ("Checkpointer(intercommunicator): a TypeError on one rank and a hang on the other; COMM_NULL: MPI's error",
+     "ConfigError on every rank", "checked before the Dup", "test_red_team: test_an_intercommunicator_or_comm_null_"
+     "is_refused_on_every_rank"),
+    ("a child forked by the application (a multiprocessing pool) kept the cache lock: reopening the "
+     "Checkpointer, or a relaunch while the child lived, was ConcurrentJobError naming the parent",
+     "the lock is the parent's only", "the child closes its copies at the fork; release() unlocks before closing",
+     "tests/unit/test_lock.py"),
+    ("stop_signals with the Checkpointer created outside the main thread were silently not handled",
+     "a warning names them and the stop file", "install_stop_handler's answer is checked",
+     "test_hostile: test_stop_signals_that_cannot_be_installed_outside_the_main_thread_are_named"),
+    ("hpcckpt simulate with a cost far above the MTBF ran for minutes without output; --seed -1 ended in a traceback",
+     "one line, exit 2", "a cap of 1,000,000 failures per simulated run; the seed checked",
+     "tests/unit/test_simulate.py"),
 ]
 
 
