@@ -239,14 +239,14 @@ def test_an_intercommunicator_or_comm_null_is_refused_on_every_rank(shm_dir):
     other; COMM_NULL gave MPI's own error. Now a ConfigError on every rank, no hang."""
     script = os.path.join(shm_dir, "inter.py")
     with open(script, "w") as f:
-        f.write("from mpi4py import MPI\nimport hpcckpt\nw = MPI.COMM_WORLD\n"
+        f.write("import os\nfrom mpi4py import MPI\nimport hpcckpt\nw = MPI.COMM_WORLD\n"
                 "local = w.Split(w.rank % 2, w.rank)\n"
                 "inter = local.Create_intercomm(0, w, 1 - w.rank % 2, tag=5)\n"
                 "for comm in (inter, MPI.COMM_NULL):\n"
                 "    try:\n"
                 f"        hpcckpt.Checkpointer(comm, name='ic', cache_dir={os.path.join(shm_dir, 'node{node}')!r})\n"
                 "    except hpcckpt.ConfigError as e:\n"
-                "        print('REFUSED', w.rank, e, flush=True)\n")
+                "        os.write(1, f'REFUSED {w.rank} {e}\\n'.encode())\n")      # one write: lines never interleave
     res = run_mpi(2, script, timeout=TIMEOUT)
     refused = res.lines("REFUSED")
     assert res.returncode == 0 and len(refused) == 4, str(res)
