@@ -153,3 +153,27 @@ def test_parse_index_refuses_bad_documents(path, value):
 def test_parse_index_refuses_newer_versions_as_incompatible():
     with pytest.raises(IncompatibleCheckpointError):
         parse_index(_with(("version",), 3), "x")
+
+
+def test_metadata_extents_are_the_bytes_outside_the_datasets():
+    from hpcckpt.levels.pfs_files import metadata_extents
+    assert metadata_extents(100, []) == [(0, 100)]
+    assert metadata_extents(100, [(10, 20), (30, 0), (60, 40)]) == [(0, 10), (30, 30)]
+    assert metadata_extents(100, [(60, 10), (10, 5), (12, 10)]) == [(0, 10), (22, 38), (70, 30)]   # unsorted, overlapping
+    assert metadata_extents(50, [(0, 50)]) == []
+
+
+def test_a_damaged_index_entry_for_node_metadata_is_refused():
+    from hpcckpt.levels.pfs_index import _node_metadata
+    files = {"node_000000.h5": 100}
+    bad = lambda msg: CorruptCheckpointError(msg)      # noqa: E731
+    ok = _node_metadata({"node_000000.h5": {"extents": [[0, 10], [20, 80]], "checksum": "ab12"}}, files, bad)
+    assert ok == {"node_000000.h5": (((0, 10), (20, 80)), "ab12")}
+    for doc in ({"node_000001.h5": {"extents": [], "checksum": "ab"}},              # not a file of the step
+                {"node_000000.h5": {"extents": [[10, 5], [0, 5]], "checksum": "ab"}},   # not ascending
+                {"node_000000.h5": {"extents": [[90, 20]], "checksum": "ab"}},          # past the end
+                {"node_000000.h5": {"extents": [[0, 0]], "checksum": "ab"}},            # empty
+                {"node_000000.h5": {"extents": [[0, 5]], "checksum": "../x"}},
+                {"node_000000.h5": [0, 5]}):
+        with pytest.raises(CorruptCheckpointError):
+            _node_metadata(doc, files, bad)
