@@ -133,6 +133,9 @@ class PfsStore:
         self.max_index = max_index_bytes(self.size)
         self.trash = os.path.join(self.root, TRASH)
         self._deleter = storage.Deleter("hpcckpt-pfs-remove")
+        # the aggregator's: (device, inode) of the node files it wrote -> their metadata extents
+        # and checksum, so that a retired one is checked before HDF5 reopens it as the spare
+        self._written = {}
         self.relock = None      # callable(root): lock the directory again after _recreate_root
         with Collective(self.comm, f"creating {self.root}"):
             if self.rank == 0:
@@ -252,6 +255,9 @@ class PfsStore:
         spare = self._spare_path()
         if not self.cfg.reuse_files or os.path.islink(spare) or not os.path.isfile(spare):
             return None
+        if not self._spare_intact(spare):
+            storage.remove_file(spare)
+            return None
         try:
             os.replace(spare, path)
         except FileNotFoundError:
@@ -260,6 +266,17 @@ class PfsStore:
         log.debug("rank %d: pfs step %d: %s the retired node file %s", self.rank, node_index.step,
                   "overwriting" if offsets is not None else "another layout: not reusing", spare)
         return offsets
+
+    def _spare_intact(self, spare):
+        """Local (aggregator): whether the spare is a node file this process wrote whose HDF5
+        metadata still matches its checksum (damaged metadata can crash libhdf5; a spare left by
+        an earlier process is not known, and is replaced by a new file)."""
+        try:
+            st = os.stat(spare)
+            meta = self._written.get((st.st_dev, st.st_ino))
+            return meta is not None and meta[0] == st.st_size and files.extents_digest(spare, meta[1]) == meta[2]
+        except (OSError, CorruptCheckpointError):
+            return False
 
     def _spare_path(self):
         return os.path.join(self.root, SPARE, lay.node_file(self.node))
@@ -387,9 +404,14 @@ class PfsStore:
             return None
         if not self.is_aggregator:
             return None
-        size = os.path.getsize(writer.path)
-        extents = files.metadata_extents(size, pending.data_ranges)
-        return size, (tuple(extents), files.extents_digest(writer.path, extents))
+        st = os.stat(writer.path)
+        extents = tuple(files.metadata_extents(st.st_size, pending.data_ranges))
+        checksum = files.extents_digest(writer.path, extents)
+        self._written.pop((st.st_dev, st.st_ino), None)        # newest last
+        self._written[(st.st_dev, st.st_ino)] = (st.st_size, extents, checksum)
+        while len(self._written) > 64:                # the node files of the kept steps, and more
+            del self._written[next(iter(self._written))]
+        return st.st_size, (extents, checksum)
 
     def _commit(self, tmp, index, renamed):
         """Local (rank 0): make the step durable and visible (``renamed[0]`` once renamed)."""

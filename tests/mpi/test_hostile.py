@@ -378,6 +378,41 @@ def test_a_flipped_byte_in_a_node_files_hdf5_metadata_is_damage_never_intact(pfs
                                   "pfs step 1"})
 
 
+def test_a_spare_node_file_with_damaged_metadata_is_replaced_not_reopened(tmp_path):
+    """With reuse_files, a retired node file is kept as the spare that the next pfs checkpoint
+    overwrites after rewriting its attributes through HDF5. A spare whose metadata was damaged
+    meanwhile (one byte flipped, every 53rd byte of the metadata in turn) is removed and a new
+    file made: every checkpoint succeeds and the last restores bitwise."""
+    import time
+    root = str(tmp_path / "c")
+    spare = os.path.join(root, "pfs", "app", ".spare", "node_000000.h5")
+    u, grid, it = arrays()
+    with make(root, keep=1) as ck:
+        for name, a in zip(("u", "grid", "it"), (u, grid, it)):
+            ck.protect(name, a)
+        offsets = None
+        for step in range(60):
+            u *= 1.0001
+            u += np.sin(u[:1]) + step
+            grid += step % 7
+            it[...] = step
+            if step >= 2:
+                deadline = time.monotonic() + 10
+                while not os.path.isfile(spare) and time.monotonic() < deadline:
+                    time.sleep(0.01)          # the retired step's file becomes the spare in a thread
+                assert os.path.isfile(spare)
+                offsets = _node_metadata_offsets(spare) if offsets is None else offsets
+                at = int(offsets[(step * 53) % offsets.size])
+                with open(spare, "r+b") as f:
+                    f.seek(at)
+                    byte = f.read(1)
+                    f.seek(at)
+                    f.write(bytes([byte[0] ^ 0x5A]))
+            ck.checkpoint(step, level="pfs")
+    shutil.rmtree(os.path.join(root, "node0"))
+    assert restart(root) == 59
+
+
 def test_master_with_an_absolute_link_fails_verify(pfs_env):
     from mpi4py import MPI
     from hpcckpt.config import Config

@@ -343,6 +343,11 @@ RED_TEAM_4 = [
      "before HDF5 opens the file: the restart falls back, verify says DAMAGED", "the index holds a checksum of "
      "each node file's bytes outside its datasets (node_metadata)", "test_hostile: test_a_flipped_byte_in_a_node_"
      "files_hdf5_metadata_is_damage_never_intact"),
+    ("(found while fixing the above) a retired node file kept as the spare (reuse_files) whose metadata was "
+     "damaged failed the next pfs checkpoint (RuntimeError from HDF5, a CollectiveError)", "the spare is removed "
+     "and a new node file made; the checkpoint succeeds", "the aggregator reuses only a spare it wrote whose "
+     "metadata still matches the checksum taken then", "test_hostile: test_a_spare_node_file_with_damaged_metadata_"
+     "is_replaced_not_reopened"),
     ("restart() of a state with 30,000 arrays ran for minutes (every pair checked for shared memory)",
      "1.7 s", "only arrays whose address ranges meet are compared (a sweep in address order)",
      "tests/unit/test_state_dict.py: test_many_arrays_are_checked_for_shared_memory_in_address_order"),
