@@ -256,6 +256,8 @@ class PfsStore:
         if not self.cfg.reuse_files or os.path.islink(spare) or not os.path.isfile(spare):
             return None
         if not self._spare_intact(spare):
+            log.debug("rank %d: pfs step %d: the spare %s is not a node file this process wrote, intact: not "
+                      "reusing", self.rank, node_index.step, spare)
             storage.remove_file(spare)
             return None
         try:

@@ -182,8 +182,9 @@ def test_sync_pfs_large_uneven_arrays_restore_bitwise(direct_io, shm_dir, tmp_pa
 def test_retired_node_files_are_overwritten_and_removed_at_close(shm_dir, tmp_path, reference):
     """reuse_files: a retired pfs step's node file becomes its node's spare and the next pfs
     step overwrites it (same layout); a crash leaves the spares, which never count as a
-    checkpoint; the restart is bitwise; close() removes them. A spare of another layout (one
-    larger arrays) is not reused: a new file is made."""
+    checkpoint; the restart is bitwise; close() removes them. A spare the relaunch did not write
+    (left by the crash; here also of another layout: larger arrays) is not reused: a new file
+    is made."""
     res = app(4, shm_dir, "--level", "pfs", "--steps", 30, "--crash-at", 27, expect_ok=False,
               env={"HPCCKPT_LOG_LEVEL": "DEBUG"})
     overwritten = [ln for ln in res.stderr.splitlines() if "overwriting the retired node file" in ln]
@@ -198,10 +199,41 @@ def test_retired_node_files_are_overwritten_and_removed_at_close(shm_dir, tmp_pa
     assert os.listdir(spares)
     res = app(4, shm_dir, "--level", "pfs", "--steps", 20, "--n", 1200, "--crash-at", 17,
               env={"HPCCKPT_LOG_LEVEL": "DEBUG"}, expect_ok=False, config={"start": "fresh"})
-    assert "another layout: not reusing" in res.stderr and "CKPT 14 pfs" in res.stdout, str(res)
+    assert "is not a node file this process wrote, intact: not reusing" in res.stderr, str(res)
+    assert "CKPT 14 pfs" in res.stdout, str(res)
     lose_every_cache(shm_dir)
     res = app(4, shm_dir, "--level", "pfs", "--steps", 20, "--n", 1200, "--out", tmp_path / "out2")
     assert restart_step(res) == 14
+
+
+def test_a_spare_of_another_layout_is_not_reused(shm_dir, tmp_path):
+    """Particles migrate every step (sim_app): each pfs step's node files hold rows of other
+    lengths than the retired one, so the spare is not reused (a new file each time) and the
+    restart is bitwise equal to a failure-free run."""
+    common = ["--steps", 30, "--every", 5, "--level", "pfs"]
+    cfg = {"ranks_per_node": 2}
+    ref = run_mpi(4, "sim_app.py", "--cache", os.path.join(shm_dir, "ref", "node{node}"), "--pfs",
+                  os.path.join(shm_dir, "ref", "pfs"), "--no-restart", "--out", tmp_path / "ref", *common,
+                  "--config-json", json.dumps(cfg))
+    assert ref.returncode == 0, str(ref)
+    cache, pfs = os.path.join(shm_dir, "c", "node{node}"), os.path.join(shm_dir, "c", "pfs")
+    res = run_mpi(4, "sim_app.py", "--cache", cache, "--pfs", pfs, "--crash-at", 27, *common,
+                  "--config-json", json.dumps(dict(cfg, log_level="DEBUG")))
+    assert res.returncode != 0 and "another layout: not reusing" in res.stderr, str(res)
+    lose_every_cache(os.path.join(shm_dir, "c"))
+    res = run_mpi(4, "sim_app.py", "--cache", cache, "--pfs", pfs, "--out", tmp_path / "out", *common,
+                  "--config-json", json.dumps(cfg))
+    assert restart_step(res) == 24, str(res)
+    assert npz_arrays(tmp_path / "ref") and npz_arrays(tmp_path / "out") == npz_arrays(tmp_path / "ref")
+
+
+def npz_arrays(path):
+    """{(file, array): bytes} of the .npz files sim_app wrote to ``path``."""
+    out = {}
+    for f in sorted(glob.glob(os.path.join(path, "*.npz"))):
+        with np.load(f, allow_pickle=False) as z:
+            out.update({(os.path.basename(f), k): z[k].tobytes() for k in z.files})
+    return out
 
 
 def test_pfs_restart_from_overwritten_files_is_bitwise(shm_dir, tmp_path, reference):
