@@ -42,7 +42,7 @@ from . import faults, manifest as mf, slurm, state as st
 from .codecs import xxh3
 from .codecs.checksum import digest
 from .comm import (U64_MAX, Collective, Deferred, agree, is_collective, is_different_calls, is_process_failure,
-                   mark_collective, print_abort_notice, reduce_sum_max)
+                   mark_collective, print_abort_notice, reduce_sum_max, signals_deferred)
 from .config import LEVELS, Config
 from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, HpcCkptError,
                      IncompatibleCheckpointError, LayoutChangedError, MismatchError, ProtectError)
@@ -578,7 +578,8 @@ class Checkpointer:
         the manifest to commit at the level (it may name an incremental base).
         ``error``: a local failure that came before (raised once the exchange is done)."""
         try:
-            committed = redundancy.encode(manifest.step, manifest)
+            with signals_deferred():            # an interrupt mid-exchange would strand the peers
+                committed = redundancy.encode(manifest.step, manifest)
             if error is not None:
                 raise error
             return manifest if committed is None else committed
@@ -910,7 +911,8 @@ class Checkpointer:
             data_ok = self._comm.allgather(reason is None)       # failure path only
             try:
                 with Collective(self._comm, f"rebuilding step {step} from the {level} level") as c:
-                    c.words = [0 if self._level(level).recover(step, ckpt_id, data_ok) else 1]
+                    with signals_deferred():
+                        c.words = [0 if self._level(level).recover(step, ckpt_id, data_ok) else 1]
             except HpcCkptError as e:
                 if self.comm.rank == 0:
                     log.warning("step %d: the %s rebuild failed (%s); falling back", step, level, e)

@@ -20,7 +20,9 @@ import contextlib
 import hashlib
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 
 import numpy as np
@@ -298,13 +300,42 @@ class Deferred:
             return None
         try:
             return fn(*args)
-        except Exception as e:  # any local failure: reported after the collective part
+        except BaseException as e:  # noqa: BLE001 - any local failure (an interrupt too): raised after the exchange
             self.error = e
             return None
 
     def raise_if_any(self):
         if self.error is not None:
             raise self.error
+
+
+DEFERRED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2",
+                                                             "SIGALRM", "SIGQUIT", "SIGXCPU") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Local: while a point-to-point exchange runs in the main thread, its Python signal handlers
+    (a KeyboardInterrupt, an application's handler calling sys.exit()) only record the signal;
+    they run when the exchange is over. Raised in the middle of an exchange, their exception
+    would leave the peers waiting for messages forever; after it, the ranks agree on it like
+    any error. Other threads get no Python signals: nothing to do there."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got, saved = [], {}
+    for num in DEFERRED_SIGNALS:
+        handler = signal.getsignal(num)
+        if callable(handler):
+            saved[num] = handler
+            signal.signal(num, lambda n, frame: got.append((n, frame)))
+    try:
+        yield
+    finally:
+        for num, handler in saved.items():
+            signal.signal(num, handler)
+        for num, frame in got:
+            saved[num](num, frame)
 
 
 def print_abort_notice(exc, rank):

@@ -2,7 +2,9 @@
 
 ``_HPCCKPT_FAULT="PHASE:RANK[:STEP[:ACTION]]"`` — at PHASE, on RANK (or ``*``), at STEP (or ``*``),
 ACTION is ``kill`` (SIGKILL this process, the default), ``error`` (raise ENOSPC, as a full disk
-would), ``interrupt`` (raise KeyboardInterrupt, as SIGINT would) or ``exit`` (raise SystemExit(5)). Phases: ``write`` (half-way through the data), ``written`` (data written, before the
+would), ``interrupt`` (raise KeyboardInterrupt, as SIGINT would), ``sigint`` (send this process
+a real SIGINT: its Python handler runs when the interpreter next checks) or ``exit`` (raise
+SystemExit(5)). Phases: ``write`` (half-way through the data), ``written`` (data written, before the
 ranks agree), ``encode`` (partner/xor/rs: while storing partner copies or before the parity
 rounds; also fires when a rebuild resends partner copies), ``background`` (with ``background``:
 in the background thread, before the redundancy is written), ``commit`` (before this rank's manifest is written), ``committed`` (after it,
@@ -52,6 +54,9 @@ def hit(phase, rank, step=None):
         raise KeyboardInterrupt(f"injected at {phase}")
     if action == "exit":
         raise SystemExit(5)
+    if action == "sigint":
+        os.kill(os.getpid(), signal.SIGINT)
+        return
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -61,7 +61,9 @@ FINALIZE_TIMEOUT = 5.0     # seconds MPI_Finalize gets at exit once a failure wa
 
 @dataclasses.dataclass
 class Recovery:
-    """One online recovery, as every process of the recovered job knows it."""
+    """One online recovery, as the workers that took part in it know it (a spare knows the
+    recoveries from the one that made it a worker on). A failure before a recovery's restart
+    completed (during its restore) makes it one recovery that names both losses."""
     lost: tuple            # the worker numbers (ranks of the worker communicator) that were lost
     replaced_by: tuple     # the world ranks (of the original communicator) of the spares that took them
     restarted_from: object  # the step restored (None: no checkpoint yet, the state from init)
@@ -76,7 +78,7 @@ class Outcome:
     worker: bool           # False: a spare that was never needed (``state`` and ``comm`` are None)
     comm: object           # the final worker communicator (the application may use it, then Free it)
     state: dict            # this worker's state after the last step
-    recoveries: list       # [Recovery], oldest first
+    recoveries: list       # [Recovery] this process took part in as a worker, oldest first
     spares_left: int
 
 
@@ -255,7 +257,7 @@ class _Loop:
                         "recovering", self.me, self.cause)
             self.node_map, first = None, False
             self._recover(t0)
-            if not self.pending.lost:               # spares only: nothing for the workers to redo
+            if self.pending is not None and not self.pending.lost:   # spares only: nothing for the workers to redo
                 self.pending = None
 
     def _node_map(self):
@@ -407,11 +409,19 @@ class _Loop:
             self.logical = assign.get(self.me, -1)
         self.world, self.workers, self.committed = world, workers, committed
         self.numbers = [int(lg) if lg >= 0 else assign.get(int(me), -1) for lg, me, _, _ in table]
-        self.pending = Recovery(tuple(sorted(assign.values())), tuple(sorted(assign)), None, t0, attempts)
-        if self.logical == 0 and self.pending.lost:
+        rec = Recovery(tuple(sorted(assign.values())), tuple(sorted(assign)), None, t0, attempts)
+        prev = self.pending
+        if prev is not None and prev.lost and self.logical >= 0:
+            # a failure before the previous recovery restored the state (during its restart): one
+            # recovery, which names every loss and spare of both
+            rec = Recovery(tuple(sorted(set(prev.lost) | set(rec.lost))),
+                           tuple(sorted(set(prev.replaced_by) | set(rec.replaced_by))), None, prev.seconds,
+                           prev.attempts + attempts)
+        self.pending = rec if self.logical >= 0 else None        # a spare left waiting reports nothing
+        if self.logical == 0 and rec.lost:
             log.warning("online recovery: worker rank(s) %s lost, taken by spare(s) %s (world ranks); %d spare(s) "
-                        "left; %d attempt(s); restarting from the newest checkpoint", list(self.pending.lost),
-                        list(self.pending.replaced_by), self._spares_left(), attempts)
+                        "left; %d attempt(s); restarting from the newest checkpoint", list(rec.lost),
+                        list(rec.replaced_by), self._spares_left(), rec.attempts)
         elif self.logical == 0:
             log.warning("online recovery: only spare processes were lost; %d spare(s) left; %d attempt(s)",
                         self._spares_left(), attempts)

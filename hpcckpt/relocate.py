@@ -36,7 +36,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import manifest as mf, storage
-from .comm import Collective, agree
+from .comm import Collective, agree, signals_deferred
 from .config import expand_cache_dir
 from .errors import CheckpointWriteError, CorruptCheckpointError, HpcCkptError
 from .levels.local import Found, step_dirs
@@ -72,7 +72,7 @@ def relocate(comm, cfg, topology, root):
             sender.setdefault(q, r)
     moves = sorted((s, q) for q, s in sender.items())
     sent = []
-    with Collective(comm, "restart: moving node-cache files to the hosts of their ranks") as c:
+    with Collective(comm, "restart: moving node-cache files to the hosts of their ranks") as c, signals_deferred():
         error, kept = None, 0
         for s, q in moves:         # in one global order: each pair waits only for earlier moves
             try:

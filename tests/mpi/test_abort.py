@@ -36,9 +36,15 @@ def test_one_rank_exception_ends_the_job_with_its_traceback(mode, rank, text, sh
     assert text in res.stderr and "Traceback (most recent call last)" in res.stderr, str(res)
 
 
-@pytest.mark.parametrize("action,cls,rc", [("interrupt", "KeyboardInterrupt", 130), ("exit", "SystemExit", 5)])
-def test_interrupt_inside_checkpoint_aborts_by_default(action, cls, rc, shm_dir):
-    res, _ = fail(shm_dir, "fault", env={"_HPCCKPT_FAULT": f"written:1:1:{action}"})
+@pytest.mark.parametrize("phase,level,action,cls", [
+    ("written", "local", "interrupt", "KeyboardInterrupt"), ("written", "local", "exit", "SystemExit"),
+    # red team 4: inside a partner / parity exchange the others waited forever for rank 1's messages
+    ("encode", "partner", "interrupt", "KeyboardInterrupt"), ("encode", "partner", "exit", "SystemExit"),
+    ("encode", "partner", "sigint", "KeyboardInterrupt"), ("encode", "xor", "interrupt", "KeyboardInterrupt"),
+    ("encode", "rs", "sigint", "KeyboardInterrupt")])
+def test_interrupt_inside_checkpoint_aborts_by_default(phase, level, action, cls, shm_dir):
+    res, _ = fail(shm_dir, "fault", env={"_HPCCKPT_FAULT": f"{phase}:1:1:{action}"},
+                  config={"level": level, "ranks_per_node": 1})
     # the app catches it on rank 1 and goes on; the others raised CollectiveError and went on:
     # the checkpoint of step 1 failed everywhere, the job continues and ends normally
     caught = res.lines("CAUGHT")

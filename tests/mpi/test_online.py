@@ -137,6 +137,16 @@ def test_failure_during_the_recovery(tmp_path, reference):
 
 
 @needs_ulfm
+def test_a_failure_during_the_restore_of_a_recovery_is_reported_with_it(tmp_path, reference):
+    """Red team 4: rank 1 is killed at step 12; worker 2 dies while that recovery restores the
+    state. The report named only worker 2; now one recovery names both, and both spares."""
+    recs, _ = recovered(tmp_path, reference, 2, "--kill", "1:12",
+                        env={"_HPCCKPT_FAULT": "restore:2", "_HPCCKPT_FAULT_ONCE": str(tmp_path / "once")})
+    assert recs[0]["lost"] == [1, 2] and len(recs[0]["by"]) == 2 and recs[0]["from"] == 9, recs
+    assert recs[0]["attempts"] >= 2, recs
+
+
+@needs_ulfm
 def test_a_spare_dies_while_waiting(tmp_path, reference):
     # spare 5 dies as it starts waiting: the other spare acknowledges it and waits on, the workers
     # never notice until the end (worker 0 skips it); then rank 1 is killed: spare 4 takes it

@@ -361,6 +361,16 @@ RED_TEAM_4 = [
     ("stop_signals with the Checkpointer created outside the main thread were silently not handled",
      "a warning names them and the stop file", "install_stop_handler's answer is checked",
      "test_hostile: test_stop_signals_that_cannot_be_installed_outside_the_main_thread_are_named"),
+    ("(Open MPI review) a KeyboardInterrupt or sys.exit() on one rank while partner copies or parity were "
+     "exchanged (Ctrl-C, a SIGTERM handler, 1 of 3 real SIGINTs) left the other ranks waiting for its messages: "
+     "the job hung, online mode included", "the exchange completes; the interrupted rank re-raises, the others "
+     "get a CollectiveError naming it (as in the other phases)", "Deferred keeps a BaseException too; the main "
+     "thread's Python signal handlers run after the exchange (comm.signals_deferred)",
+     "test_abort: test_interrupt_inside_checkpoint_aborts_by_default[encode-*] (a real SIGINT among them)"),
+    ("(Open MPI review) online: a worker lost while a recovery restored the state dropped the first loss from "
+     "the report", "one Recovery naming both losses and both spares", "a recovery interrupted before its "
+     "restart completed is merged into the next", "test_online: test_a_failure_during_the_restore_of_a_recovery_"
+     "is_reported_with_it"),
     ("hpcckpt simulate with a cost far above the MTBF ran for minutes without output; --seed -1 ended in a traceback",
      "one line, exit 2", "a cap of 1,000,000 failures per simulated run; the seed checked",
      "tests/unit/test_simulate.py"),
