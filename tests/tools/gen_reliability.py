@@ -139,7 +139,8 @@ def render(d):
             "byte in a restore from an intact or rebuilt step; these classes did not behave as a user expects and "
             "are fixed:"]
     out += _red_team_table(RED_TEAM_3)
-    out += ["", "A fourth review (2026-12-06, two helpers, then a third on the fixes) wrote applications with several "
+    out += ["", "A fourth review (2026-12-06, four helpers: two general, one on these fixes, one under Open MPI and "
+            "online recovery) wrote applications with several "
             "Checkpointers at once, Checkpointers on sub-communicators and in threads, forked pools, arrays over "
             "2 GiB and 30,000 arrays; used the CLI and the HDF5 files as operators and users do (node files fuzzed "
             "byte by byte); and relaunched on other rank counts and reordered hosts. The restores it checked were "
