@@ -30,6 +30,11 @@ import struct
 
 import numpy as np
 
+try:                                    # [low, high) of the addresses an array's elements occupy
+    from numpy.lib.array_utils import byte_bounds       # NumPy 2
+except ImportError:                     # pragma: no cover - NumPy 1.x
+    byte_bounds = np.byte_bounds
+
 from .errors import CorruptCheckpointError, MismatchError, ProtectError
 from .manifest import check_array, check_dtype, is_plain_array
 
@@ -386,19 +391,11 @@ def _overlap(x, y):
         return False
 
 
-def _byte_bounds(arr):
-    """Local: [low, high) of the addresses ``arr``'s elements occupy."""
-    low = high = arr.__array_interface__["data"][0]
-    for n, stride in zip(arr.shape, arr.strides):
-        low, high = low + min(0, stride * (n - 1)), high + max(0, stride * (n - 1))
-    return low, high + arr.itemsize
-
-
 def _refuse_shared_targets(reads, where):
     """ProtectError when two values would be read into the same memory (restart({"u": t,
     "u_old": t})): the second would overwrite the first. The arrays are swept in address order:
     only those whose address ranges meet are compared (not every pair)."""
-    targets = sorted(((_byte_bounds(arr), name, arr) for name, arr in reads if arr.size), key=lambda t: t[0])
+    targets = sorted(((byte_bounds(arr), name, arr) for name, arr in reads if arr.size), key=lambda t: t[0])
     reaching = []        # (end, name, array) of the arrays so far whose range goes on past the current start
     for (low, high), b, y in targets:
         reaching = [t for t in reaching if t[0] > low]
