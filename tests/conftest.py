@@ -5,6 +5,13 @@ import uuid
 
 import pytest
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The tests check this checkout, in pytest and in every process they start (MPI jobs, the CLI,
+# SLURM jobs): a PYTHONPATH naming another tree must not make the jobs import that one.
+sys.path.insert(0, REPO)
+os.environ["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                     if p and os.path.abspath(p) != REPO])
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
 
 
