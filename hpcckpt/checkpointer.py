@@ -677,13 +677,15 @@ class Checkpointer:
             log.error("%s", flush_error)
 
     def _retire(self, keep_upto):
-        """Local: keep this run's newest ``keep`` committed steps up to ``keep_upto``; remove the
-        rest of this run's (older ones, and newer ones of an abandoned attempt) and uncommitted
-        leftovers. Other runs' and other jobs' checkpoints stay, unless start = "fresh"."""
+        """Local: keep this run's newest ``keep`` committed steps up to ``keep_upto``, and the newest
+        of each redundancy level (partner, xor, rs: local steps taken since must not push out the
+        step a node loss needs); remove the rest of this run's (older ones, and newer ones of an
+        abandoned attempt) and uncommitted leftovers. Other runs' and other jobs' checkpoints
+        stay, unless start = "fresh"."""
         if self._flush is not None and self._flush.redundant:
             return       # the previous redundant step stays until the new one is complete
         clear = self._clear_others and self._committed
-        ours, remove, bases = [], [], {}
+        ours, remove, bases, newest_of = [], [], {}, {}
         for step in self.cache.steps_on_disk():
             found = self.cache.examine(step)
             if found is None:
@@ -692,9 +694,11 @@ class Checkpointer:
                 ours.append(step)
                 if found.manifest.base is not None:
                     bases[step] = found.manifest.base[0]
+                if step <= keep_upto and found.manifest.level in REDUNDANT:
+                    newest_of[found.manifest.level] = step     # ascending: the newest one wins
             elif clear:
                 remove.append(step)
-        kept = [s for s in ours if s <= keep_upto][-self.config.keep:]
+        kept = [s for s in ours if s <= keep_upto][-self.config.keep:] + list(newest_of.values())
         # an incremental step's base stays while the step is kept (beyond keep), and so does the
         # base of a level's next incremental step
         kept += [bases[s] for s in kept if s in bases]

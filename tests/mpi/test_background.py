@@ -61,6 +61,23 @@ def test_killed_while_background_work_in_flight(level, node_lost, reference, tmp
     assert outputs(str(tmp_path / "out")) == reference
 
 
+
+@pytest.mark.parametrize("level", ["partner", "rs"])
+def test_a_relaunch_keeps_the_redundant_step_until_one_of_its_own_is_complete(level, reference, tmp_path):
+    """Run 1 is killed while step 14's background work runs (14: local only; 9: the newest
+    redundant step). Run 2 restarts from 14 and is killed while step 19's background work runs.
+    Its restart and checkpoints must not retire step 9 (keep = 1): with a node lost now, run 3
+    rebuilds step 9, bitwise (before: restart() retired it, and run 3 started from scratch)."""
+    cache = str(tmp_path / "cache")
+    app(cache, level, "--no-restart", env={"_HPCCKPT_FAULT": "background:3:14:kill"}, expect_ok=False)
+    res = app(cache, level, env={"_HPCCKPT_FAULT": "background:2:19:kill"}, expect_ok=False)
+    assert restart_step(res) == 14, str(res)
+    shutil.rmtree(os.path.join(cache, "node2"))
+    res = app(cache, level, "--out", str(tmp_path / "out"))
+    assert restart_step(res) == 9 and "rebuilt rank(s) [2]" in res.stderr, str(res)
+    assert outputs(str(tmp_path / "out")) == reference
+
+
 @pytest.mark.parametrize("level", ["partner", "xor"])
 def test_background_failure_is_raised_at_the_next_checkpoint_on_every_rank(level, reference, tmp_path):
     cache = str(tmp_path / "cache")

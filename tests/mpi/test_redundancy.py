@@ -158,3 +158,20 @@ def test_uneven_nodes_and_odd_rank_counts(shm_dir, tmp_path, references):
     """6 ranks, 4 per node: nodes of 4 and 2 ranks; losing the small node is rebuilt."""
     res = crash_lose_restart(6, 4, "xor", shm_dir, tmp_path / "out", [1])
     assert restart_step(res) == 9 and outputs(tmp_path / "out") == references[6]
+
+
+@pytest.mark.parametrize("level,background", [("partner", False), ("rs", True)])
+def test_local_steps_between_redundant_ones_do_not_push_out_the_one_a_node_loss_needs(level, background, shm_dir,
+                                                                                       tmp_path, references):
+    """A multilevel schedule, local every 2 steps, `level` every 7 (steps 6, 13), keep = 2: the
+    newest redundant step (13) stays beside the two newest local ones (15, 17); a crash at 18
+    and a lost node restart from it, rebuilt, bitwise (before: no step restorable, from scratch)."""
+    config = {"policy": "fixed", "schedule": {"local": 2, level: 7}, "keep": 2, "background": background}
+    app(4, shm_dir, "local", "--policy-loop", "--crash-at", 18, "--crash-rank", 3, config=config, expect_ok=False)
+    steps = sorted(os.listdir(os.path.join(shm_dir, "node0", "app")))
+    assert [s for s in steps if s.startswith("step_")] == ["step_0000000013", "step_0000000015", "step_0000000017"]
+    lose_nodes(shm_dir, 1)
+    res = app(4, shm_dir, "local", "--policy-loop", "--out", tmp_path / "out", config=config)
+    assert restart_step(res) == 13, str(res)
+    assert "rebuilt rank(s)" in res.stderr
+    assert outputs(tmp_path / "out") == references[4]
