@@ -145,6 +145,7 @@ class Checkpointer:
         self._committed = False
         self._stopping = False           # a stop was requested (signal or stop file): final pfs checkpoint, then exit
         self._final_done = False
+        self._told_to_exit = False       # should_exit() has returned True once
         try:
             with Collective(self._comm, "Checkpointer configuration") as c:
                 self.config = Config.load(config, **overrides)
@@ -191,8 +192,12 @@ class Checkpointer:
         cfg = self.config
         named = set(cfg.schedule or {}) | set(cfg.level_mtbf or {}) | {cfg.level}
         self.policy_levels = tuple(lv for lv in LEVELS if lv in named)
+        # the checkpoint before the job's end is a pfs one whatever the schedule: node-local
+        # files do not outlive the job (the job templates remove them; sites wipe $SLURM_TMPDIR)
         return Policy(kind=cfg.policy, mtbf=cfg.mtbf, level_mtbf=cfg.level_mtbf, schedule=cfg.schedule,
-                      levels=self.policy_levels, end_time=cfg.end_time, exit_safety=cfg.exit_safety)
+                      levels=self.policy_levels, exit_safety=cfg.exit_safety,
+                      end_time=None if cfg.end_time is None else cfg.end_time - cfg.end_margin,
+                      final_level="pfs")
 
     def _settings_differ(self):
         """Collective (failure path): name the settings that differ between ranks, raise everywhere."""
@@ -225,8 +230,10 @@ class Checkpointer:
         if self.config.end_time is None and slurm.in_slurm() and self.comm.rank == 0:
             end = slurm.job_end_time()
             if end is not None:
-                self.policy.set_end_time(end)
-                log.info("job %s ends at %s", slurm.job_id(), time.ctime(end))
+                self.policy.set_end_time(end - self.config.end_margin)
+                log.info("job %s ends at %s%s", slurm.job_id(), time.ctime(end),
+                         f"; the application by {time.ctime(end - self.config.end_margin)} (end_margin)"
+                         if self.config.end_margin else "")
 
     def _warn_survivability(self, levels):
         """Rank 0, once per redundancy level: what it cannot survive with this placement."""
@@ -417,11 +424,33 @@ class Checkpointer:
         return level
 
     def should_exit(self):
-        """Collective: True when the application should stop (wall-clock limit reached)."""
+        """Collective: True when the application should stop (a stop request's final checkpoint
+        is taken, or the job's end time is near). The first time, rank 0 writes a line to the
+        file CKPT_STOPPED_FILE names, if any (docs/SLURM.md)."""
         self._check_open()
         with Collective(self._comm, "should_exit()") as c:
             c.words = [1 if self.comm.rank == 0 and self.policy.should_exit() else 0]
-        return bool(c.result[0]) or (self._stopping and self._final_done)
+        end_time, stop = bool(c.result[0]), self._stopping and self._final_done
+        if (end_time or stop) and not self._told_to_exit:
+            self._told_to_exit = True
+            if self.comm.rank == 0:
+                self._report_stopped("a stop request" if stop else "the job's end time")
+        return end_time or stop
+
+    def _report_stopped(self, why):
+        """Local (rank 0): the line for CKPT_STOPPED_FILE; a failure to write it only warns."""
+        if self._final_done or self.policy.final_taken:
+            text = f"stopped for {why}: final pfs checkpoint of step {self._last_step}"
+        else:
+            text = (f"stopped for {why} without a final checkpoint: "
+                    + ("none was taken" if self._last_step is None else f"the newest is step {self._last_step}"))
+        try:
+            path = slurm.report_stopped(text)
+        except OSError as e:
+            log.warning("could not write %s (%s): %s", slurm.STOPPED_FILE_ENV, e, text)
+        else:
+            if path:
+                log.info("%s (written to %s)", text, path)
 
     # ------------------------------------------------------------------ save
     def checkpoint(self, step, state=None, level=None):
@@ -497,7 +526,7 @@ class Checkpointer:
             self._final_done = True
         # 7. retire what the new checkpoint replaces (local; failures only warn)
         self._retire(keep_upto=step)
-        if self.comm.rank == 0 and level in self.policy_levels:
+        if self.comm.rank == 0 and level in self.policy.measured_levels:
             self.policy.record_checkpoint(level, seconds)   # rank 0 only: must not raise alone
         if flush_error is not None:
             err = CheckpointWriteError(f"{flush_error} — step {step} was checkpointed ({level}) all the same")

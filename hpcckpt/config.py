@@ -54,6 +54,7 @@ class Config:
     level_mtbf: Any = None              # {level: seconds}
     end_time: Any = None                # absolute epoch seconds of the job's end, or None
     exit_safety: float = 2.0
+    end_margin: Any = 0.0               # seconds before end_time (or the SLURM job's end) to end by
     stop_signals: Any = "auto"          # signals that request a final pfs checkpoint and exit
     async_flush: bool = False           # pfs: return once staged in the cache, flush in the background
     background: bool = False            # partner/xor/rs and pfs: return once the local level is committed
@@ -276,7 +277,7 @@ def _env_text(key, text, var):
             return int(text, 8)
         except ValueError:
             raise ConfigError(f"{var}: expected an octal mode like 0600, got {text!r}") from None
-    if key in ("mtbf",):
+    if key in ("mtbf", "end_margin"):
         return text
     return text
 
@@ -352,6 +353,8 @@ def _parse_value(key, value):
         return float(value)
     if key == "mtbf":
         return None if value is None else parse_duration(value, "mtbf")
+    if key == "end_margin":
+        return parse_duration(value, "end_margin")       # refuses negative durations
     if key == "end_time":
         if value is None:
             return None

@@ -21,7 +21,8 @@ KINDS = ("auto", "fixed", "young", "daly", "multilevel")
 DEFAULT_FIXED = ("seconds", 3600.0)
 """Schedule of the most resilient enabled level when kind is "fixed" and no schedule is given."""
 UNMEASURED_COST_GUESS = 60.0
-"""Checkpoint cost (s) assumed while no checkpoint cost at all has been measured."""
+"""Checkpoint cost (s) assumed while no checkpoint cost at all has been measured, and the least
+assumed for a final checkpoint whose level was never measured."""
 MIN_COST = 1e-3
 """Measured costs below this (s) are raised to it before entering a formula."""
 COST_WINDOW = 5
@@ -60,8 +61,14 @@ class Policy:
     or "multilevel". mtbf: system MTBF (seconds or duration string). level_mtbf: {level: MTBF of
     the failures for which that level is the cheapest able to recover}. schedule (fixed only):
     {level: ("steps", n) | ("seconds", s) | int steps | duration string}. levels: enabled levels.
-    end_time: epoch seconds of the job's end, or None. exit_safety (>= 1): the final checkpoint
-    is requested once now + step + exit_safety * cost(final level) >= end_time.
+    end_time: epoch seconds of the job's end, or None. final_level: the level of the checkpoint
+    taken before end_time (default: pfs if enabled, else the most resilient enabled level; it
+    may be a level outside ``levels``, whose costs are then recorded for this use only).
+    exit_safety (>= 1): the final checkpoint is requested once now + step + exit_safety *
+    (its level's blocking + background time) >= end_time.
+
+    Costs are moving averages per level; the first checkpoint of a level (which pays one-time
+    costs: loading kernels, creating files) counts only until a second one is measured.
 
     clock: the monotonic clock of periods, compute time and step durations (default
     time.monotonic). wall_clock: the clock compared with end_time (default time.time; when only
@@ -70,7 +77,7 @@ class Policy:
     """
 
     def __init__(self, *, kind="auto", mtbf=None, level_mtbf=None, schedule=None, levels=("local",),
-                 end_time=None, exit_safety=2.0, clock=None, wall_clock=None):
+                 end_time=None, exit_safety=2.0, final_level=None, clock=None, wall_clock=None):
         if kind not in KINDS:
             raise ConfigError(f"policy: unknown kind {kind!r}; use one of {', '.join(KINDS)}")
         if not levels:
@@ -123,15 +130,18 @@ class Policy:
         if not (math.isfinite(exit_safety) and exit_safety >= 1.0):
             raise ConfigError(f"exit_safety: must be a number >= 1, got {exit_safety!r}")
         self.exit_safety = exit_safety
-        self.final_level = "pfs" if "pfs" in self.levels else self.levels[-1]
+        if final_level is not None and final_level not in LEVELS:
+            raise ConfigError(f"final_level: unknown level {final_level!r}; use {', '.join(LEVELS)}")
+        self.final_level = final_level or ("pfs" if "pfs" in self.levels else self.levels[-1])
+        self.measured_levels = tuple(ordered_levels(set(self.levels) | {self.final_level}))
         if clock is None:
             clock, wall_clock = time.monotonic, (time.time if wall_clock is None else wall_clock)
         elif wall_clock is None:
             wall_clock = clock
         self.clock = clock
         self.wall_clock = wall_clock
-        self._costs = {lv: deque(maxlen=COST_WINDOW) for lv in self.levels}
-        self._background = {lv: deque(maxlen=COST_WINDOW) for lv in self.levels}
+        self._costs = {lv: _Window() for lv in self.measured_levels}
+        self._background = {lv: _Window() for lv in self.measured_levels}
         self._steps = deque(maxlen=STEP_WINDOW)
         self._started = False
         self._periods = None
@@ -191,7 +201,7 @@ class Policy:
         """Record that the background work of one ``level`` checkpoint took ``seconds`` (slowest
         rank); ``record_checkpoint`` has recorded its blocking time."""
         if level in self._background and math.isfinite(seconds) and seconds >= 0:
-            self._background[level].append(float(seconds))
+            self._background[level].add(float(seconds))
 
     def _cost_or_guess(self, level):
         c = self.cost(level)
@@ -202,7 +212,7 @@ class Policy:
 
     def record_checkpoint(self, level, seconds, now=None):
         """Record one checkpoint of ``level`` that took ``seconds`` (slowest rank), ending at ``now``."""
-        if level not in self.levels:
+        if level not in self._costs:
             raise ConfigError(f"record_checkpoint: level {level!r} is not enabled")
         seconds = float(seconds)
         if not (math.isfinite(seconds) and seconds >= 0):
@@ -211,15 +221,16 @@ class Policy:
         if not self._started:
             self.start(now - seconds)
         compute = max(0.0, now - seconds - self._mark)
-        k = self.levels.index(level)
-        for i, lv in enumerate(self.levels):
-            self._since[lv] = 0.0 if i <= k else self._since[lv] + compute
-            if i < k:
+        for lv in self.levels:               # a checkpoint covers its level and every level below
+            covered = LEVELS.index(lv) <= LEVELS.index(level)
+            self._since[lv] = 0.0 if covered else self._since[lv] + compute
+            if covered and lv != level:
                 self._count[lv] = 0
-        self._count[level] += 1
+        if level in self._count:
+            self._count[level] += 1
         self._mark = now
         self._ckpt_since_decide += seconds
-        self._costs[level].append(seconds)
+        self._costs[level].add(seconds)
         self._periods = None
         if self.final_requested and level == self.final_level:
             if self._final_guessed and not self._final_due(self._wall(None)):
@@ -253,10 +264,19 @@ class Policy:
     def _step_estimate(self):
         return max(self._steps) if self._steps else 0.0
 
+    def _final_cost(self):
+        """Seconds from the final checkpoint's start until it is durable: its level's blocking plus
+        background time as measured; never measured: the larger of UNMEASURED_COST_GUESS and the
+        slowest level measured (it is re-judged once measured, see record_checkpoint)."""
+        c = self.cost(self.final_level)
+        if c is None:
+            return max([UNMEASURED_COST_GUESS] + [self.cost(lv) for lv in self._costs if self._costs[lv]])
+        return c + (self.background_cost(self.final_level) or 0.0)
+
     def _final_due(self, wall):
         if self.end_time is None:
             return False
-        return wall + self._step_estimate() + self.exit_safety * self._cost_or_guess(self.final_level) >= self.end_time
+        return wall + self._step_estimate() + self.exit_safety * self._final_cost() >= self.end_time
 
     # -- decisions ---------------------------------------------------------------------------
 
@@ -318,7 +338,7 @@ class Policy:
         if self.end_time is None:
             return False
         wall = self._wall(wall)
-        return wall + self._step_estimate() + self._cost_or_guess(self.final_level) >= self.end_time
+        return wall + self._step_estimate() + self._final_cost() >= self.end_time
 
     def summary(self):
         """One line of plain text: the schedule in force (for the start-up log).
@@ -386,6 +406,21 @@ class Policy:
             "final_taken": self.final_taken,
             "step_estimate": self._step_estimate(),
         }
+
+
+class _Window(deque):
+    """Local: a level's recent measurements (their mean is its cost). The level's first one pays
+    one-time costs (kernels loaded, files created) and is dropped when the second arrives."""
+
+    def __init__(self):
+        super().__init__(maxlen=COST_WINDOW)
+        self.first = True
+
+    def add(self, seconds):
+        if self.first and self:
+            self.clear()
+            self.first = False
+        self.append(seconds)
 
 
 def _ordinal(n):

@@ -8,9 +8,15 @@ records the signal (no MPI, no I/O in a signal handler); ``stop_requested()`` re
 Checkpointer turns that into one agreed final ``pfs`` checkpoint and ``should_exit()``.
 As a second way in, when the environment variable ``CKPT_STOP_FILE`` names a file,
 ``stop_requested()`` also returns True once that file exists (checked at most once a second).
-The job templates in jobs/ use both: their batch-shell trap forwards the signal to the launcher
-(MPICH's mpiexec and srun forward SIGUSR1 and SIGTERM to every rank) and touches the stop file.
-(The name does not start with ``HPCCKPT_``: those variables are configuration keys.)
+The job templates in jobs/ touch the stop file from their batch-shell trap (restart-loop.sbatch
+also forwards the signal to `hpcckpt run`, which passes it on to the ranks): a signal alone can
+be lost -- MPICH's MPI_Init installs a SIGUSR1 handler of its own, so a rank that gets it while
+starting neither dies nor stops.
+
+The other way out: when ``CKPT_STOPPED_FILE`` names a file, rank 0 writes one line to it when
+``should_exit()`` first tells the application to stop (a stop request or the job's end time),
+so the job script can tell a run that stopped early -- and must be resubmitted or requeued --
+from one that finished. (The names do not start with ``HPCCKPT_``: those are configuration keys.)
 """
 import os
 import re
@@ -21,6 +27,7 @@ import threading
 import time
 
 STOP_FILE_ENV = "CKPT_STOP_FILE"
+STOPPED_FILE_ENV = "CKPT_STOPPED_FILE"
 STOP_FILE_POLL = 1.0           # seconds between checks of the stop file
 SCONTROL_TIMEOUT = 10.0        # seconds
 
@@ -208,6 +215,19 @@ def stop_file(environ=None):
     """Local: the stop file named by CKPT_STOP_FILE, or None."""
     environ = os.environ if environ is None else environ
     return environ.get(STOP_FILE_ENV) or None
+
+
+def report_stopped(text, environ=None):
+    """Local: write ``text`` (one line) to the file named by CKPT_STOPPED_FILE, if any, replacing
+    it whole (a temporary file renamed). Returns the path, or None when no file is named."""
+    environ = os.environ if environ is None else environ
+    path = environ.get(STOPPED_FILE_ENV) or None
+    if path:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text.rstrip("\n") + "\n")
+        os.replace(tmp, path)
+    return path
 
 
 def stop_requested(environ=None):

@@ -106,6 +106,24 @@ def test_restart_loop_relaunches_after_a_rank_dies(slurm_jobs, tmp_path):
     assert_bitwise_equal_to_failure_free(out, steps, job)
 
 
+def test_restart_loop_passes_a_stop_signal_that_comes_while_the_ranks_start(slurm_jobs, tmp_path):
+    """USR1 while the ranks start (MPICH's MPI_Init takes SIGUSR1 over: a forwarded signal alone is
+    lost there): the trap's stop file makes them take a final pfs checkpoint and stop; the job
+    ends with status 75 (not finished), not COMPLETED as if no signal had come."""
+    steps, starting = 60, tmp_path / "starting"
+    app = f"{APP} --steps {steps} --every 10 --n {N} --step-sleep 0.05 --starting-file {starting}"
+    srun = f"srun --nodes=2 --ntasks={RANKS} --ntasks-per-node=2 --mpi={mpi().flavour.srun_mpi} --kill-on-bad-exit=1"
+    job = slurm_jobs("restart-loop.sbatch", ["--nodes=3", "--ntasks-per-node=2"], APP=app, LAUNCH=srun,
+                     RUN_OPTIONS="--timeout 60")
+    job.wait_for_file(str(starting), timeout=120)
+    proc = subprocess.run(["scancel", "--signal=USR1", "--batch", job.id], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    info = job.wait_done(timeout=180)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "75:0", f"{info}\n{job}"
+    final = [int(s.split()[0]) for s in job.lines("CKPT") if s.endswith(" pfs")]
+    assert len(final) == 1 and job.lines("STOPPED")[0].startswith(f"{final[0]} ") and final[0] < steps - 1, job
+
+
 def test_scavenge_leaves_the_newest_checkpoint_on_pfs(slurm_jobs, tmp_path):
     """A job fails after local-only checkpoints; `hpcckpt scavenge` at its end copies the newest
     one to pfs; a new job with an empty cache restarts from it and ends bitwise equal."""
@@ -123,4 +141,27 @@ def test_scavenge_leaves_the_newest_checkpoint_on_pfs(slurm_jobs, tmp_path):
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{job2}"
     assert job2.lines("RESTART ") == ["39"], job2           # a fresh cache: only pfs had it
     assert job2.lines("DONE") == [str(steps - 1)], job2
+    assert_bitwise_equal_to_failure_free(out, steps, job2)
+
+
+def test_a_job_that_stops_on_its_own_near_the_time_limit_ends_75_and_the_next_one_goes_on(slurm_jobs, tmp_path):
+    """The application schedules only local checkpoints; with one minute of job time (less
+    end_margin = 20 s) hpcckpt takes a final pfs checkpoint before the end and tells it to stop:
+    plain.sbatch ends with status 75, not COMPLETED with its node-local checkpoints deleted, and
+    the next job restarts from that pfs step and ends bitwise equal to a failure-free run."""
+    app = f"{APP} --steps 100000 --every 10 --n {N} --step-sleep 0.1"
+    job = slurm_jobs("plain.sbatch", ["--nodes=2", "--ntasks-per-node=2", "--time=1"], APP=app,
+                     LAUNCH=launch(RANKS), HPCCKPT_END_MARGIN="20s")
+    info = job.wait_done(timeout=150)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "75:0", f"{info}\n{job}"
+    final = [int(s.split()[0]) for s in job.lines("CKPT") if s.endswith(" pfs")][-1]
+    assert job.lines("STOPPED")[0].startswith(f"{final} "), job
+    assert f"stopped for the job's end time: final pfs checkpoint of step {final}" in job.text(), job
+
+    steps, out = final + 21, tmp_path / "out"
+    job2 = slurm_jobs("plain.sbatch", ["--nodes=2", "--ntasks-per-node=2"],
+                      APP=f"{APP} --steps {steps} --every 10 --n {N} --out {out}", LAUNCH=launch(RANKS))
+    info = job2.wait_done(timeout=150)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{job2}"
+    assert job2.lines("RESTART ") == [str(final)], job2
     assert_bitwise_equal_to_failure_free(out, steps, job2)

@@ -42,6 +42,16 @@ def test_environment_values_are_typed():
     assert cfg.write_method == "pwrite" and Config.load(environ={}).write_method == "mmap"
 
 
+def test_end_margin_is_a_duration_of_zero_or_more():
+    assert Config.load(environ={}).end_margin == 0.0
+    assert Config.load(environ={"HPCCKPT_END_MARGIN": "2min"}).end_margin == 120.0
+    assert Config.load(environ={}, end_margin=90).end_margin == 90.0
+    with pytest.raises(ConfigError, match="end_margin: must be a finite, non-negative duration"):
+        Config.load(environ={}, end_margin=-1)
+    with pytest.raises(ConfigError, match="end_margin"):
+        Config.load(environ={"HPCCKPT_END_MARGIN": "soon"})
+
+
 def test_pfs_direct_io_auto_follows_reuse_files():
     assert Config.load(environ={}).pfs_direct_io == "auto"
     assert Config.load(environ={}).direct_io is False                       # reuse_files: overwrite spares

@@ -182,6 +182,62 @@ def test_a_final_checkpoint_asked_for_on_the_guessed_cost_does_not_end_a_short_j
     assert p.final_taken and p.should_exit() and clock.t < 100.0
 
 
+def test_a_final_pfs_checkpoint_never_measured_is_assumed_to_cost_at_least_the_guess():
+    """The application checkpoints only locally (0.01 s); the final checkpoint is pfs (it must
+    outlive the job), never measured: assumed UNMEASURED_COST_GUESS, not the cheap local cost."""
+    clock = Clock(0.0)
+    p = Policy(kind="fixed", schedule={"local": 1}, levels=("local",), final_level="pfs", end_time=1000.0,
+               exit_safety=2.0, clock=clock)
+    p.start()
+    finals = []
+    for step in range(1000):
+        clock.t += 1.0
+        level = p.decide(step)
+        if level == "pfs":
+            finals.append(clock.t)
+            break
+        p.record_checkpoint(level, 0.01)
+    # now + step (0.99 s: 1 s less the 0.01 s recorded) + 2 * 60 >= 1000 first at t = 880
+    assert finals == [880.0]
+    assert p.final_requested and not p.final_taken
+
+
+def test_a_final_checkpoint_allows_for_its_background_time_and_a_level_outside_the_schedule_is_recorded():
+    """pfs measured (1 s blocking + 10 s flushed in the background): the final checkpoint is due
+    once now + step + 2 * 11 s reaches the end; its checkpoints also reset the local period."""
+    clock = Clock(0.0)
+    p = Policy(kind="fixed", schedule={"local": "100s"}, levels=("local",), final_level="pfs", end_time=1000.0,
+               exit_safety=2.0, clock=clock)
+    p.start()
+    for seconds in (30.0, 1.0):                  # the first (one-time costs) is dropped at the second
+        p.record_checkpoint("pfs", seconds)
+        p.record_background("pfs", 10.0 * seconds)
+    assert p.cost("pfs") == 1.0 and p.background_cost("pfs") == 10.0
+    assert p.compute_since("local") == 0.0       # pfs covers local
+    decisions = []
+    while not decisions or decisions[-1][1] != "pfs":
+        clock.t += 5.0
+        decisions.append((clock.t, p.decide(len(decisions))))
+        if decisions[-1][1] == "local":
+            p.record_checkpoint("local", 0.0)
+    # now + 5 + 2 * (1 + 10) >= 1000 -> t = 975; local every 100 s of compute before that
+    assert decisions[-1] == (975.0, "pfs")
+    assert [t for t, lv in decisions if lv == "local"][:2] == [100.0, 200.0]
+
+
+def test_the_first_checkpoint_of_a_level_counts_only_until_a_second_is_measured():
+    p, _ = make(kind="daly", mtbf="1h", levels=("local", "partner"))
+    p.record_checkpoint("local", 2.0, now=1.0)           # the first: kernels loaded, files created
+    assert p.cost("local") == 2.0
+    p.record_checkpoint("local", 0.05, now=2.0)
+    assert p.cost("local") == 0.05
+    p.record_checkpoint("local", 0.07, now=3.0)
+    assert p.cost("local") == pytest.approx(0.06)
+    assert p.periods()["local"] == pytest.approx(daly(0.06, 3600.0))
+    with pytest.raises(ConfigError, match="not enabled"):
+        p.record_checkpoint("xor", 1.0, now=4.0)
+
+
 def test_final_checkpoint_without_pfs_is_the_most_resilient_and_exit_without_it():
     clock = Clock(0.0)
     p = Policy(kind="fixed", schedule={"local": 1000}, levels=("local", "partner"), end_time=100.0, clock=clock)
