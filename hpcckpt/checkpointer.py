@@ -1246,10 +1246,17 @@ class Checkpointer:
         if error is not None and self.comm.rank == 0:
             log.warning("%s; scavenge copies the newest cache checkpoint instead", error)
         with Collective(self._comm, "scavenge: scanning checkpoints") as c:
-            ok = {f.step: f for f in self.cache.scan() if f.state == "ok"}
+            found = self.cache.scan()
+            ok = {f.step: f for f in found if f.state == "ok"}
             c.words = [max((f.key for f in ok.values()), default=0)]
         key = c.result[0]
-        if not key:
+        if not key:      # an empty cache is nothing to copy; checkpoints it cannot use are an error
+            with Collective(self._comm, "scavenge: nothing restorable") as c:
+                why = self.cache.why_unusable(found)
+                if why:
+                    raise IncompatibleCheckpointError(
+                        f"scavenge: nothing to copy for job {self.config.name!r} on {self.comm.size} ranks, but {why}: "
+                        "run it with the application's name, number of ranks, placement and configuration")
             return None
         self._pfs_store()             # collective: created (and locked) on every rank
         with Collective(self._comm, "scavenge: listing pfs") as c:

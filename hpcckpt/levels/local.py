@@ -45,6 +45,13 @@ def step_dirs(root):
                   and not os.path.islink(os.path.join(root, name)))
 
 
+def _has_step_dirs(root):
+    try:
+        return bool(step_dirs(root))
+    except OSError:
+        return False
+
+
 class LocalCache:
     """This rank's files in its node's cache directory."""
 
@@ -236,6 +243,23 @@ class LocalCache:
     def scan(self):
         """This rank's manifests, one Found record per step directory that has one, ascending."""
         return [f for f in map(self.examine, self.steps_on_disk()) if f is not None]
+
+    def why_unusable(self, found):
+        """Local: why this rank's cache holds checkpoints but none this job can use, for a message
+        (``found``: :meth:`scan`'s records); None when it holds none at all."""
+        unusable = [f for f in found if f.state != "ok"]
+        if unusable:
+            return f"{len(unusable)} checkpoint(s) here are not usable ({unusable[-1].state}: {unusable[-1].reason})"
+        parent = os.path.dirname(self.root)
+        try:
+            names = sorted(os.listdir(parent))
+        except OSError:
+            names = []
+        others = [n for n in names if n != self.cfg.name and os.path.isdir(os.path.join(parent, n))
+                  and not os.path.islink(os.path.join(parent, n)) and _has_step_dirs(os.path.join(parent, n))]
+        if others:
+            return f"{parent} holds checkpoints of other job names: {', '.join(others[:5])}"
+        return None
 
     def read_manifest(self, step, quiet=False):
         """This rank's manifest of ``step`` (validated); None if missing/unreadable and ``quiet``."""

@@ -81,6 +81,24 @@ def test_scavenge_copies_the_newest_cache_checkpoint(shm_dir, tmp_path, referenc
     assert outputs(tmp_path / "out") == reference
 
 
+def test_scavenge_with_the_wrong_name_or_rank_count_is_an_error_not_nothing_to_copy(shm_dir):
+    """`hpcckpt scavenge` run with settings that do not match the application's finds the cache's
+    checkpoints unusable: exit 2 naming why (the job template then keeps the cache), never
+    "nothing to copy" with exit 0. An empty cache is nothing to copy; the right settings copy."""
+    def scavenge(n, *args):
+        return run_mpi(n, "cli_app.py", "scavenge", "--cache-dir", os.path.join(shm_dir, "node{node}"),
+                       "--pfs-dir", os.path.join(shm_dir, "pfs"), "--ranks-per-node", "2", *args)
+    res = scavenge(4, "--name", "app")
+    assert res.returncode == 0 and "nothing to copy" in res.stdout, str(res)          # nothing there yet
+    app(4, shm_dir, "--level", "local", "--crash-at", 12, expect_ok=False)          # local steps 4, 9
+    res = scavenge(4, "--name", "other")
+    assert res.returncode == 2 and "other job names: app" in res.stderr and "copied" not in res.stdout, str(res)
+    res = scavenge(2, "--name", "app")
+    assert res.returncode == 2 and "not usable (incompatible" in res.stderr and "4 ranks" in res.stderr, str(res)
+    res = scavenge(4, "--name", "app")
+    assert res.returncode == 0 and "copied step 9" in res.stdout, str(res)
+
+
 def test_other_world_size_without_global_layout_is_refused(shm_dir):
     app(4, shm_dir, "--level", "pfs", "--crash-at", 12, expect_ok=False)
     res = run_mpi(2, "app.py", "--cache", os.path.join(shm_dir, "node{node}"), "--uneven", "--expect-error",
