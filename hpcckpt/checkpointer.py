@@ -249,7 +249,12 @@ class Checkpointer:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
+        if exc_type is None or (isinstance(exc, SystemExit) and exc.code in (None, 0)
+                                and not getattr(exc, "hpcckpt_agreed", False)):
+            # leaving the block, or sys.exit(0) in it: close collectively. Ranks that leave it too
+            # close with it; a rank making another hpcckpt call meanwhile gets a CollectiveError
+            # naming both calls, and so does this one (never a hang). (A SystemExit that an
+            # agreement already told the others about is an error of every rank: below.)
             self.close()
             return False
         # An exception is unwinding: no collective call, peers may be elsewhere.

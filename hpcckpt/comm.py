@@ -234,6 +234,7 @@ class Collective(contextlib.AbstractContextManager):
             self.result = agree(self.comm, exc, self.what, words)
         except HpcCkptError:
             if exc is not None and not isinstance(exc, Exception):
+                exc.hpcckpt_agreed = True
                 return False            # KeyboardInterrupt, SystemExit: the others know; re-raise it here
             raise
         return True

@@ -101,6 +101,18 @@ def test_background_without_thread_multiple_works_synchronously_with_one_warning
     assert res.stderr.count("needs MPI_THREAD_MULTIPLE") == 1, str(res)
 
 
+def test_sys_exit_0_on_one_rank_closes_collectively_instead_of_hanging(tmp_path):
+    """sys.exit(0) on one rank inside the with block closes the Checkpointer collectively, as
+    leaving the block does: with the other ranks leaving it too the job ends cleanly; with
+    another rank making another call both get the error naming the calls (before: rank 1 left
+    without a word and rank 0 waited in its next call forever)."""
+    res = run_mpi(2, "diverge_app.py", str(tmp_path / "a"), "exit0-then-close", timeout=60)
+    assert res.returncode == 0 and res.lines("DONE") == [""], str(res)          # rank 0 only: rank 1 exited
+    res = run_mpi(2, "diverge_app.py", str(tmp_path / "b"), "exit0-vs-checkpoint", timeout=60)
+    assert res.returncode != 0 and "the ranks made different hpcckpt calls" in res.stderr + res.stdout, str(res)
+    assert "rank 1: close()" in res.stderr + res.stdout, str(res)
+
+
 @pytest.mark.parametrize("case", ["need-vs-checkpoint", "restart-vs-checkpoint", "should-exit-vs-checkpoint",
                                   "wait-vs-checkpoint", "extra-checkpoint"])
 def test_ranks_making_different_calls_get_an_error_naming_them(case, tmp_path):

@@ -5,7 +5,8 @@ is collective). tests/mpi/test_abort.py checks that the job ends, with the calls
 
 CASE: extra-checkpoint (rank 0 checkpoints once more, rank 1 goes on to close()),
 need-vs-checkpoint, restart-vs-checkpoint, should-exit-vs-checkpoint, wait-vs-checkpoint (rank 0
-makes the first call, rank 1 the second). Prints "CAUGHT <Class> <message>" per rank that
+makes the first call, rank 1 the second), exit0-then-close / exit0-vs-checkpoint (rank 1
+calls sys.exit(0) in the with block; rank 0 goes on to close(), or checkpoints once more). Prints "CAUGHT <Class> <message>" per rank that
 catches the error, then "DONE" per rank that gets to the end.
 """
 import os
@@ -26,6 +27,11 @@ with hpcckpt.Checkpointer(comm, name="diverge", cache_dir=os.path.join(root, "no
     try:
         if case == "extra-checkpoint":
             if first:
+                ck.checkpoint(2, {"u": u}, level="local")
+        elif case.startswith("exit0"):
+            if not first:
+                sys.exit(0)
+            if case == "exit0-vs-checkpoint":
                 ck.checkpoint(2, {"u": u}, level="local")
         elif first:
             {"need-vs-checkpoint": lambda: ck.need_checkpoint(5), "restart-vs-checkpoint": lambda: ck.restart({"u": u}),
