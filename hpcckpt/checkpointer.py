@@ -286,6 +286,7 @@ class Checkpointer:
                 if self._pfs is not None:
                     self._pfs.close()
                 self.cache.close()
+                self.cache.remove_spares()
                 self._release_locks()
                 self._comm.Free()
                 self._closed = True

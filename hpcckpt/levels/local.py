@@ -199,6 +199,21 @@ class LocalCache:
             self.mappings.close()
         self._deleter.wait()
 
+    def remove_spares(self):
+        """Local: remove this rank's spare files (``reuse_files``: the retired data file, partner
+        copies and parity kept for overwriting), after close(): a closed Checkpointer does not
+        keep a checkpoint's worth of node memory for a run that may never come."""
+        spare = os.path.join(self.root, "spare")
+        if not os.path.isdir(spare) or os.path.islink(spare):
+            return
+        mine = (mf.data_file_name(self.rank), f"held_{self.rank:06d}_")
+        for name in os.listdir(spare):
+            if name == mine[0] or name.startswith(mine[1]):
+                try:
+                    storage.remove_file(os.path.join(spare, name))
+                except OSError as e:
+                    log.warning("rank %d: could not remove the spare %s: %s", self.rank, name, e)
+
     def commit(self, manifest):
         """Write the manifest atomically: from now on this rank's part of the step exists."""
         storage.atomic_write_json(self.manifest_path(manifest.step), manifest.to_json(), self.cfg.file_mode)
