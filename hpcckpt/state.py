@@ -39,6 +39,7 @@ from .errors import CorruptCheckpointError, MismatchError, ProtectError
 from .manifest import check_array, check_dtype, is_plain_array
 
 STATE_ENTRY = "__state__"            # the array of the checkpoint that holds the state document
+STATE_PAD = 4096                      # the state document's bytes are padded to a multiple of this
 FORMAT = "hpcckpt-state"
 VERSION = 1
 KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}$")     # top-level names of a state dict
@@ -224,9 +225,13 @@ def document_bytes(document):
 
 
 def document_array(document):
-    """The state document as the uint8 array stored in the checkpoint (UTF-8 JSON bytes; in an
-    HDF5 file ``bytes(f["rank_000000/__state__"][()]).decode()`` reads it back)."""
-    return np.frombuffer(document_bytes(document), np.uint8)
+    """The state document as the uint8 array stored in the checkpoint: UTF-8 JSON bytes, padded
+    with spaces (JSON allows trailing whitespace) to a multiple of STATE_PAD bytes, so that a value
+    whose encoding changes length by a few bytes (a generator's state) leaves the data file's size
+    as it was and an incremental checkpoint stays incremental. In an HDF5 file
+    ``bytes(f["rank_000000/__state__"][()]).decode()`` reads it back."""
+    data = document_bytes(document)
+    return np.frombuffer(data + b" " * (-len(data) % STATE_PAD), np.uint8)
 
 
 def parse_document(data, where):

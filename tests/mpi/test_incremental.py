@@ -102,6 +102,20 @@ def test_chain_then_node_lost(level, frac, background, reuse, tmp_path):
     assert restarted(res) == (3, "ok"), str(res)
 
 
+@pytest.mark.parametrize("level", ["partner", "xor"])
+def test_a_generator_state_in_the_state_dict_keeps_the_steps_incremental(level, tmp_path):
+    """A state dict holding a generator's state, whose JSON length changes from step to step: the
+    state document is padded (state.STATE_PAD), so the data size stays and every step after the
+    first is incremental (before: each one full, for a size that changed by a byte); restored bitwise."""
+    cache = str(tmp_path / "cache")
+    app(cache, level, "--ckpts", "1,2,3,4", "--frac", 0.1, "--rng", config={"keep": 4})
+    for node in range(NPROCS):
+        assert [(manifest(cache, node, s).get("base") or {}).get("step") for s in (1, 2, 3, 4)] == [None, 1, 1, 1]
+    shutil.rmtree(os.path.join(cache, "node2"))
+    res = app(cache, level, "--ckpts", "1,2,3,4", "--frac", 0.1, "--rng", "--restart")
+    assert restarted(res) == (4, "ok"), str(res)
+
+
 @pytest.mark.parametrize("level,fault", [("partner", "damaged"), ("xor", "missing"), ("xor", "damaged")])
 def test_bad_base_falls_back(level, fault, tmp_path):
     """Step 1 partner/xor (the base), step 2 pfs, step 3 incremental against step 1; node 2 lost

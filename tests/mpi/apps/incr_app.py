@@ -14,6 +14,8 @@ run checks the restored array bitwise against ``value(rank, s)``. Options:
   --restart                                  restart() only: print RESTART <step|None> and
                                              CHECK <ok|bad> (the restored array vs value(rank, step))
   --config-json JSON                         extra Checkpointer keyword arguments
+  --rng                                      also checkpoint a state dict holding a generator's
+                                             state (its JSON length varies from step to step)
 """
 import argparse
 import json
@@ -38,6 +40,7 @@ p.add_argument("--drop-base-before", type=int, default=-1,
                help="rank 1 deletes what it holds for others at the first checkpoint step before this step")
 p.add_argument("--more", default="", help="with --restart: then checkpoint these steps (of --ckpts) too")
 p.add_argument("--config-json", default="{}")
+p.add_argument("--rng", action="store_true")
 a = p.parse_args()
 comm = MPI.COMM_WORLD
 rank = comm.rank
@@ -60,6 +63,13 @@ def value(upto):
     return u
 
 
+def rng_state(upto):
+    """A per-rank generator's state at checkpoint step ``upto`` (deterministic)."""
+    gen = np.random.default_rng([rank, 7])
+    gen.random(13 * upto)
+    return gen.bit_generator.state
+
+
 def say(line):
     os.write(1, (line + "\n").encode())
 
@@ -71,8 +81,9 @@ u = np.zeros(size, np.uint8)
 with hpcckpt.Checkpointer(comm, **kwargs) as ckpt:
     ckpt.protect("u", u)
     if a.restart:
-        step = ckpt.restart()
-        ok = step is not None and np.array_equal(u, value(step))
+        state = {"rng": None} if a.rng else None
+        step = ckpt.restart(state)
+        ok = step is not None and np.array_equal(u, value(step)) and (not a.rng or state["rng"] == rng_state(step))
         ok = comm.allreduce(ok, op=MPI.LAND)
         if rank == 0:
             say(f"RESTART {step}")
@@ -88,7 +99,8 @@ with hpcckpt.Checkpointer(comm, **kwargs) as ckpt:
                     if name.endswith(".dat"):
                         os.unlink(os.path.join(held, name))
             u[:] = value(s)
-            ckpt.checkpoint(s, level="pfs" if s == a.pfs_at else "local" if s == a.local_at else a.level)
+            ckpt.checkpoint(s, {"rng": rng_state(s)} if a.rng else None,
+                            level="pfs" if s == a.pfs_at else "local" if s == a.local_at else a.level)
         ckpt.wait()
         if rank == 0:
             say("DONE")
