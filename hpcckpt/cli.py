@@ -5,7 +5,7 @@ import datetime
 import os
 import sys
 
-from . import __version__, catalog
+from . import __version__, catalog, lock
 from .errors import HpcCkptError
 
 
@@ -109,6 +109,10 @@ def cmd_verify(args):
     findings, counts = catalog.check(cat, partial=args.partial, verbose=args.verbose)
     for f in findings:
         print(f)
+    running = lock.running_jobs([f.job_dir for f in cat.found] + [s.job_dir for s in cat.pfs])
+    if running:
+        print(f"note: a job is running here ({running[0]}{f' and {len(running) - 1} more' if len(running) > 1 else ''}):"
+              " steps it is writing or retiring now may show as MISSING or DAMAGED; verify again once it has ended")
     parts = []
     if counts["files"]:
         parts.append(f"cache: {counts['intact']} of {counts['files']} files intact")

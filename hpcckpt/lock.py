@@ -81,6 +81,49 @@ def _close_in_child():
 os.register_at_fork(after_in_child=_close_in_child)
 
 
+def running_jobs(job_dirs, proc_locks="/proc/locks"):
+    """Local: ["<lock file> (held by <host:pid>)", ...] for the lock files in ``job_dirs`` that a
+    process of this host holds now. Read from Linux's /proc/locks, so the test never takes a
+    lock (a job starting at that moment is not refused); elsewhere: []."""
+    try:
+        with open(proc_locks) as f:
+            held = {_lock_id(line) for line in f if " FLOCK " in line}
+    except OSError:
+        return []
+    out = []
+    for d in sorted(set(job_dirs)):
+        try:
+            names = sorted(n for n in os.listdir(d) if n == ".lock" or n.startswith(".lock.rank_"))
+        except OSError:
+            continue
+        for n in names:
+            path = os.path.join(d, n)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in held:
+                try:
+                    with open(path, "rb") as f:
+                        holder = f.read(200).decode("utf-8", "replace").strip()
+                except OSError:
+                    holder = ""
+                out.append(f"{path}" + (f", held by {holder}" if holder else ""))
+    return out
+
+
+def _lock_id(line):
+    """(major, minor, inode) of one /proc/locks line ('1: FLOCK ADVISORY WRITE 29370 00:1b:1286441 0 EOF')."""
+    for word in line.split():
+        parts = word.split(":")
+        if len(parts) == 3 and all(parts):
+            try:
+                return int(parts[0], 16), int(parts[1], 16), int(parts[2])
+            except ValueError:
+                continue
+    return None
+
+
 def _read_holder(fd):
     try:
         text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()

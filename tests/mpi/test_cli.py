@@ -52,6 +52,24 @@ def test_list_shows_committed_steps(checkpoints):
     assert "committed on 2 of 4 ranks here" in one_node.stdout
 
 
+def test_verify_says_when_a_job_is_running_in_the_directory(checkpoints):
+    """A job holding the cache (its lock taken) may be writing or retiring steps: verify says so
+    (a missing file would otherwise read as damage); the lock is only read, never taken."""
+    from hpcckpt.lock import DirLock
+    lock_file = os.path.join(checkpoints, "node0", "app", ".lock.rank_000000")
+    assert os.path.exists(lock_file)
+    res = cli("verify", checkpoints)
+    assert res.returncode == 0 and "a job is running" not in res.stdout, res.stdout
+    held = DirLock(lock_file, "test")            # as a running job holds it
+    try:
+        res = cli("verify", checkpoints)
+        assert res.returncode == 0 and f"note: a job is running here ({lock_file}, held by" in res.stdout, res.stdout
+    finally:
+        held.release()
+    res = cli("verify", checkpoints)
+    assert "a job is running" not in res.stdout, res.stdout
+
+
 def test_list_shows_uncommitted_data(checkpoints):
     victim = glob.glob(os.path.join(checkpoints, "node0", "app", "step_0000000009", "rank_000001.json"))[0]
     os.unlink(victim)
