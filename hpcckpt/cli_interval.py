@@ -69,11 +69,13 @@ def cmd_interval(args, out=None):
             (lv, c), = costs.items()
             m = mtbfs[lv]
             t_young, t_daly = young(c, m), daly(c, m)
-            print(f"checkpoint cost {format_duration(c)}, MTBF {format_duration(m)}", file=out)
+            print(f"checkpoint cost {format_duration(c)}, MTBF {format_duration(m)} (the waste takes the restart "
+                  "cost equal to the checkpoint cost)", file=out)
             print(f"Young (1974), sqrt(2CM):       {format_duration(t_young)}"
                   f"  (first-order waste {100 * waste(t_young, c, m, c):.2f} %)", file=out)
             print(f"Daly (2006, FGCS eq. 37):      {format_duration(t_daly)}"
                   f"  (first-order waste {100 * waste(t_daly, c, m, c):.2f} %)", file=out)
+            _note_first_order(waste(t_daly, c, m, c), out)
             return 0
         rates = {lv: 1.0 / m for lv, m in mtbfs.items()}
         plan = multilevel_plan(costs, rates, inclusive=args.inclusive)
@@ -89,10 +91,20 @@ def cmd_interval(args, out=None):
                   f"{_fmt(plan.periods[lv]):>11} {_fmt(alone):>12}  {nest}", file=out)
         print(f"pattern {_fmt(plan.pattern)} of compute; first-order waste {100 * plan.waste:.2f} % "
               f"(Benoit et al. 2017, {'inclusive' if args.inclusive else 'non-inclusive'} costs)", file=out)
+        _note_first_order(plan.waste, out)
         return 0
     except HpcCkptError as exc:
         print(f"hpcckpt interval: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _note_first_order(fraction, out):
+    """A line when the first-order model is far outside where it holds (costs not small against
+    the MTBF): its waste then means nothing, and the job may make no progress at all."""
+    if fraction >= 0.5:
+        print("note: the checkpoint costs are not small against the MTBF, where the first-order model holds: "
+              "the waste above is meaningless (the job may make no progress); `hpcckpt simulate` measures it",
+              file=out)
 
 
 def _simulate_table(args):

@@ -192,6 +192,15 @@ def test_cli_interval_single_level(capsys):
     assert "116.7 min" in out      # Daly
 
 
+@pytest.mark.parametrize("argv", [["interval", "--cost", "2h", "--mtbf", "1h"],
+                                  ["interval", "--level", "local:2h:1h", "--level", "pfs:60s:1d"]])
+def test_cli_interval_says_when_the_first_order_model_does_not_hold(argv, capsys):
+    assert _run(argv) == 0
+    assert "note: the checkpoint costs are not small against the MTBF" in capsys.readouterr().out
+    assert _run(["interval", "--cost", "5min", "--mtbf", "24h"]) == 0
+    assert "note:" not in capsys.readouterr().out
+
+
 def test_cli_interval_multilevel(capsys):
     assert _run(["interval", "--level", "local:2s:1h", "--level", "pfs:60s:1d"]) == 0
     out = capsys.readouterr().out
