@@ -664,7 +664,8 @@ class Checkpointer:
         text = None
         if self._comm.rank == 0:
             for r, theirs in enumerate(everyone):
-                keys = sorted(k for k in set(theirs) | set(replicated) if theirs.get(k) != replicated.get(k))
+                keys = sorted(k.removeprefix("state.")          # the user's key, as for an array
+                              for k in set(theirs) | set(replicated) if theirs.get(k) != replicated.get(k))
                 if keys:
                     text = (f"checkpoint {step}: the value(s) {keys[:8]} are declared REPLICATED but rank {r} "
                             "holds other values than rank 0 (or lacks them); replicated values must be the same "
