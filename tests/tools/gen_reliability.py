@@ -146,6 +146,13 @@ def render(d):
             "byte by byte); and relaunched on other rank counts and reordered hosts. The restores it checked were "
             "bitwise; these classes did not behave as a user expects and are fixed:"]
     out += _red_team_table(RED_TEAM_4)
+    out += ["", "A fifth review (2026-12-07, three helpers) ran 514 randomized fault scenarios (every level and "
+            "mode, kills in every phase and of whole jobs, lost nodes, flipped and truncated files, second "
+            "failures during the relaunch; 77 under Open MPI), SLURM batch jobs as an operator runs them "
+            "(wall-time requeue, restart loop, scavenge, time limits, the interval tools), and applications "
+            "ported by following the documentation alone. Every restore it compared was bitwise; these "
+            "classes lost a checkpoint, hung, ended a job in the wrong state or misled, and are fixed:"]
+    out += _red_team_table(RED_TEAM_5)
     soak = load(d, "soak")
     out += ["", "## Running long", ""]
     for s in soak:
@@ -375,6 +382,52 @@ RED_TEAM_4 = [
     ("hpcckpt simulate with a cost far above the MTBF ran for minutes without output; --seed -1 ended in a traceback",
      "one line, exit 2", "a cap of 1,000,000 failures per simulated run; the seed checked",
      "tests/unit/test_simulate.py"),
+]
+
+
+RED_TEAM_5 = [
+    ("in a multilevel schedule (local every 2 steps, partner every 7; keep = 2) the local steps retired the only "
+     "partner step: a lost node restarted the job from scratch; the same with background = true and keep = 1 "
+     "after a relaunch (restart() retired the redundant step while the restored step was local only)",
+     "the newest redundant step is rebuilt, bitwise", "retention keeps, besides the keep newest steps, the newest "
+     "step of each redundancy level until a newer one of that level is committed",
+     "test_redundancy: test_local_steps_between_redundant_ones_do_not_push_out_the_one_a_node_loss_needs; "
+     "test_background: test_a_relaunch_keeps_the_redundant_step_until_one_of_its_own_is_complete"),
+    ("a SLURM job near its time limit with only local checkpoints stopped itself, ended COMPLETED, and the "
+     "template deleted its only checkpoints; walltime-requeue requeued a job that had finished and recomputed "
+     "it from scratch, and did not requeue one that stopped on its own before the signal",
+     "the final checkpoint is a pfs one; a run that stopped early is requeued or ends with status 75, a finished "
+     "one is not requeued", "the final level is pfs whatever the schedule; rank 0 writes CKPT_STOPPED_FILE when "
+     "should_exit() first says stop, and the templates act on it",
+     "tests/slurm: test_a_job_that_stops_on_its_own_near_the_time_limit_ends_75_and_the_next_one_goes_on; "
+     "test_walltime_signal_pfs_checkpoint_requeue_and_restart"),
+    ("restart-loop.sbatch lost a stop signal that reached ranks still starting (MPICH's MPI_Init takes SIGUSR1 "
+     "over: the rank neither dies nor stops)", "the stop request reaches the ranks", "the trap also touches the "
+     "stop file", "tests/slurm: test_restart_loop_passes_a_stop_signal_that_comes_while_the_ranks_start"),
+    ("the final checkpoint before the job's end was timed on the cheap local cost (pfs never measured) and "
+     "without its background flush: it ended after the job's end; the first checkpoint's one-time costs (kernel "
+     "load) kept the Daly periods 6x too long for five checkpoints", "the final checkpoint is timed on its "
+     "blocking + background time, at least 60 s while unmeasured; the first cost counts until a second one",
+     "Policy._final_cost; cost windows drop a level's first measurement at the second",
+     "tests/unit/test_policy.py"),
+    ("hpcckpt scavenge with another job name or rank count than the application's said \"nothing to copy\" "
+     "(exit 0), and the template then deleted the cache; at the time limit scavenge had no time to run",
+     "exit 2 naming the unusable checkpoints, the cache kept; the templates' end_margin leaves scavenge time",
+     "LocalCache.why_unusable; the end_margin key", "test_pfs_level: test_scavenge_with_the_wrong_name_or_rank_"
+     "count_is_an_error_not_nothing_to_copy; tests/unit/test_config.py"),
+    ("sys.exit(0) on one rank inside the with block left the Checkpointer without a word; the other ranks "
+     "waited in their next call forever", "a collective close: a clean end if the others leave too, else a "
+     "CollectiveError naming both calls", "__exit__ closes collectively on sys.exit(0) unless an agreement "
+     "already told the others", "test_abort: test_sys_exit_0_on_one_rank_closes_collectively_instead_of_hanging"),
+    ("incremental = true never sent a delta when the state dict held a generator's state (its JSON changed "
+     "length by a byte, so the data size changed)", "incremental steps", "the state document is padded to a "
+     "multiple of 4 KiB", "test_incremental: test_a_generator_state_in_the_state_dict_keeps_the_steps_incremental"),
+    ("hpcckpt verify on a running job reported steps being committed or retired as MISSING or DAMAGED, without "
+     "a word that the job ran", "a note names the job's lock", "the locks held are read from /proc/locks (none "
+     "taken)", "test_cli: test_verify_says_when_a_job_is_running_in_the_directory"),
+    ("close() left the cache spares (a checkpoint's worth of node memory per rank) although CONFIG.md said it "
+     "removed them", "removed by close(); kept after a crash for the relaunch", "LocalCache.remove_spares",
+     "test_local: test_retention_keeps_newest_two_and_a_spare_until_close"),
 ]
 
 
