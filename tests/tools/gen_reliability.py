@@ -162,7 +162,8 @@ def render(d):
                 f"- RSS of rank 0: {s['rss_first_kB']} kB after 10 checkpoints, {s['rss_warm_kB']} kB after 20, "
                 f"{s['rss_last_kB']} kB at the end (growth after warm-up {s['rss_growth_kB']} kB)",
                 f"- node caches: at most {s['cache_bytes_max']} bytes on disk, {s['cache_bytes_last']} at the end "
-                f"(= keep checkpoints + their redundancy + spare data and copy/parity files per rank)",
+                f"(= the keep newest checkpoints and the newest of each redundancy level, with their copies and parity, "
+                f"+ spare data and copy/parity files per rank)",
                 f"- pfs: at most {s['pfs_bytes_max']} bytes, {s['pfs_bytes_last']} at the end", ""]
     return "\n".join(out) + "\n"
 
