@@ -135,7 +135,7 @@ def test_a_key_the_checkpoint_lacks_is_named_on_every_rank(root):
 def test_replicated_values_that_differ_are_refused(root):
     res = sim(4, root, "--bad-replicated", "--no-restart", expect_rc=3)
     errors = res.lines("ERROR")
-    assert len(errors) == 4 and all(e.startswith("ProtectError") and "'state.params'" in e for e in errors), str(res)
+    assert len(errors) == 4 and all(e.startswith("ProtectError") and "['params']" in e for e in errors), str(res)
     assert not glob.glob(os.path.join(root, "node*", "sim", "step_*", "rank_*.json")), "nothing committed"
 
 
