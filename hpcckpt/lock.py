@@ -82,9 +82,9 @@ os.register_at_fork(after_in_child=_close_in_child)
 
 
 def running_jobs(job_dirs, proc_locks="/proc/locks"):
-    """Local: ["<lock file> (held by <host:pid>)", ...] for the lock files in ``job_dirs`` that a
-    process of this host holds now. Read from Linux's /proc/locks, so the test never takes a
-    lock (a job starting at that moment is not refused); elsewhere: []."""
+    """Local: ["<lock file>, held by pid <P> on <host>", ...] for the lock files in ``job_dirs``
+    that a process of this host holds now. Read from Linux's /proc/locks, so the test never
+    takes a lock (a job starting at that moment is not refused); elsewhere: []."""
     try:
         with open(proc_locks) as f:
             held = {_lock_id(line) for line in f if " FLOCK " in line}
@@ -104,11 +104,14 @@ def running_jobs(job_dirs, proc_locks="/proc/locks"):
                 continue
             if (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in held:
                 try:
-                    with open(path, "rb") as f:
-                        holder = f.read(200).decode("utf-8", "replace").strip()
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 except OSError:
-                    holder = ""
-                out.append(f"{path}" + (f", held by {holder}" if holder else ""))
+                    out.append(path)
+                    continue
+                try:
+                    out.append(f"{path}, held{_read_holder(fd)}")
+                finally:
+                    os.close(fd)
     return out
 
 

@@ -1,6 +1,7 @@
 """The per-job lock file (hpcckpt/lock.py) with real processes: a child forked by the
 application never holds the parent's lock."""
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -9,7 +10,7 @@ import time
 import pytest
 
 from hpcckpt.errors import ConcurrentJobError
-from hpcckpt.lock import DirLock
+from hpcckpt.lock import DirLock, running_jobs
 
 
 def test_a_second_lock_on_the_same_file_is_refused(tmp_path):
@@ -65,3 +66,18 @@ def test_a_forked_child_does_not_keep_the_lock_of_a_parent_that_died(tmp_path):
         DirLock(path, "the job").release()
     finally:
         os.kill(child, 9)
+
+
+def test_running_jobs_reads_the_held_locks_without_taking_one(tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / ".lock.rank_000001").write_text("")                 # a lock file nobody holds
+    held = DirLock(str(job / ".lock.rank_000000"), "test")
+    try:
+        found = running_jobs([str(job), str(tmp_path / "absent")])
+        assert found == [f"{job / '.lock.rank_000000'}, held by pid {os.getpid()} on {socket.gethostname()}"]
+        DirLock(str(job / ".lock.rank_000001"), "test").release()   # not taken by running_jobs meanwhile
+        assert running_jobs([str(job)], proc_locks=str(tmp_path / "no-proc-locks")) == []   # not Linux
+    finally:
+        held.release()
+    assert running_jobs([str(job)]) == []
