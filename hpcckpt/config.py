@@ -277,8 +277,6 @@ def _env_text(key, text, var):
             return int(text, 8)
         except ValueError:
             raise ConfigError(f"{var}: expected an octal mode like 0600, got {text!r}") from None
-    if key in ("mtbf",):
-        return text
     return text
 
 

@@ -270,7 +270,7 @@ class Policy:
         slowest level measured (it is re-judged once measured, see record_checkpoint)."""
         c = self.cost(self.final_level)
         if c is None:
-            return max([UNMEASURED_COST_GUESS] + [self.cost(lv) for lv in self._costs if self._costs[lv]])
+            return max(UNMEASURED_COST_GUESS, self._cost_or_guess(self.final_level))
         return c + (self.background_cost(self.final_level) or 0.0)
 
     def _final_due(self, wall):

@@ -126,12 +126,15 @@ class LocalCache:
     def prepare(self):
         """Create the cache directory (local); remove this rank's trash that a crash left."""
         storage.makedirs(self.root, self.cfg.dir_mode)
+        for path in self._in_spare(f"trash_{self.rank:06d}_"):
+            storage.remove_file(path)
+
+    def _in_spare(self, *prefixes):
+        """Local: the paths in ``spare/`` whose names start with one of ``prefixes`` (this rank's)."""
         spare = os.path.join(self.root, "spare")
-        prefix = f"trash_{self.rank:06d}_"
-        if os.path.isdir(spare) and not os.path.islink(spare):
-            for name in os.listdir(spare):
-                if name.startswith(prefix):
-                    storage.remove_file(os.path.join(spare, name))
+        if not os.path.isdir(spare) or os.path.islink(spare):
+            return []
+        return [os.path.join(spare, name) for name in os.listdir(spare) if name.startswith(prefixes)]
 
     # ------------------------------------------------------------------ save
     def write(self, step, ckpt_id, level, epoch, items, pipe=None):
@@ -203,16 +206,11 @@ class LocalCache:
         """Local: remove this rank's spare files (``reuse_files``: the retired data file, partner
         copies and parity kept for overwriting), after close(): a closed Checkpointer does not
         keep a checkpoint's worth of node memory for a run that may never come."""
-        spare = os.path.join(self.root, "spare")
-        if not os.path.isdir(spare) or os.path.islink(spare):
-            return
-        mine = (mf.data_file_name(self.rank), f"held_{self.rank:06d}_")
-        for name in os.listdir(spare):
-            if name == mine[0] or name.startswith(mine[1]):
-                try:
-                    storage.remove_file(os.path.join(spare, name))
-                except OSError as e:
-                    log.warning("rank %d: could not remove the spare %s: %s", self.rank, name, e)
+        for path in self._in_spare(mf.data_file_name(self.rank), f"held_{self.rank:06d}_"):
+            try:
+                storage.remove_file(path)
+            except OSError as e:
+                log.warning("rank %d: could not remove the spare %s: %s", self.rank, path, e)
 
     def commit(self, manifest):
         """Write the manifest atomically: from now on this rank's part of the step exists."""
