@@ -1,7 +1,8 @@
 """Incremental redundancy: time and bytes of partner, xor and rs checkpoints when 10 % of the
 blocks changed, with ``incremental`` off and on.
 
-    python benchmarks/bench_incremental.py [--ranks 4] [--size 64] [--iters 6] [--frac 0.1] [--quick] [--out FILE]
+    python benchmarks/bench_incremental.py [--ranks 4] [--size 64] [--iters 6] [--frac 0.1] [--grow BYTES]
+                                           [--quick] [--out FILE]
 
 One mpiexec job, one virtual node per rank (``ranks_per_node = 1``), ``background = false``
 (the time measured is what ``checkpoint()`` blocks), ``keep = 1``, ``incremental_block`` 1 MiB.
@@ -21,6 +22,8 @@ redundancy level sent per rank and wrote into other ranks' held directories per 
 rank); the periodic full step's time, and the mean over a cycle of 8 incremental + 1 full.
 With different blocks changing at every step a cumulative delta grows with each step, up to
 ``incremental_max_changed`` (docs/LEVELS.md).
+With ``--grow BYTES`` rank 0 also checkpoints a state dict holding a history that grows by BYTES
+at every checkpoint (after ``u`` in the data file), so its data size changes every time.
 Target (issue #18): with ``incremental`` and 10 % changed, partner and xor take at most 0.6x a
 full checkpoint.
 """
@@ -61,6 +64,10 @@ def worker(a):
             if os.path.isdir(d) else 0
 
     res = {"levels": {}, "hot_blocks": int(hot.size), "blocks": nblocks}
+    history = np.zeros(0, np.uint8)
+
+    def state():                     # with --grow: a history, growing on rank 0 (empty elsewhere)
+        return {"history": history} if a.grow else None
     step = 0
     for level in LEVELS:
         modes = ("full", "incremental")
@@ -71,17 +78,19 @@ def worker(a):
         try:
             for ckpt in ckpts.values():
                 ckpt.protect("u", u)
-                ckpt.checkpoint(step, level)       # the base
+                ckpt.checkpoint(step, state(), level)       # the base
             step += 1
             second = a.iters + 1 + FULL_EVERY            # the second cycle's full step
             for it in range(-WARMUP, second + 1):
                 for b in hot:                      # the changing part of the state
                     u[b * MiB:(b + 1) * MiB] += np.uint8(it + 100)
+                if comm.rank == 0:
+                    history = np.concatenate([history, np.full(a.grow, it % 251, np.uint8)])
                 for mode in (modes if it % 2 else modes[::-1]):
                     ckpt = ckpts[mode]
                     comm.Barrier()
                     t = time.perf_counter()
-                    ckpt.checkpoint(step, level)
+                    ckpt.checkpoint(step, state(), level)
                     r[mode]["seconds"].append(mx(time.perf_counter() - t))
                     # warm-up: until the files (spares) are those of a steady state; after the
                     # measured ones, the full step that incremental_full_every forces
@@ -107,16 +116,18 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=6, help="measured checkpoints (at most 6 with the default "
                    "incremental_full_every = 8 and 2 warm-up ones)")
     p.add_argument("--frac", type=float, default=0.1, help="fraction of the blocks changed between checkpoints")
+    p.add_argument("--grow", type=int, default=0, help="rank 0's history grows by this many bytes per checkpoint")
     a = p.parse_args(argv)
     if a.worker:
         return worker(a)
     if a.quick:
         a.size = 16
     say(f"incremental: {a.ranks} ranks x {a.size} MiB, {a.frac:.0%} of the 1 MiB blocks changed, "
-        f"{a.iters} checkpoints per level, incremental off vs on")
+        f"{a.iters} checkpoints per level, incremental off vs on"
+        + (f", rank 0's history growing {a.grow} bytes per checkpoint" if a.grow else ""))
     with scratch("incremental") as (shm, disk):
         raw = result_line(run_mpi(a.ranks, [os.path.abspath(__file__), "--worker", "--size", str(a.size),
-                                            "--iters", str(a.iters), "--frac", str(a.frac),
+                                            "--iters", str(a.iters), "--frac", str(a.frac), "--grow", str(a.grow),
                                             "--shm", shm, "--disk", disk]))
     m, summary = {}, {}
     for level, modes in raw["levels"].items():
@@ -151,7 +162,7 @@ def main(argv=None):
                     "value": summary[lv]["time_ratio"], "met": summary[lv]["time_ratio"] <= TARGET}
                for lv in ("partner", "xor")}
     path = write_json("incremental", {"command": command("bench_incremental.py", argv), "ranks": a.ranks,
-                                      "mib_per_rank": a.size, "iters": a.iters, "frac": a.frac,
+                                      "mib_per_rank": a.size, "iters": a.iters, "frac": a.frac, "grow": a.grow,
                                       "medians": m, "summary": summary, "targets": targets, "samples": raw}, a.out)
     say(f"wrote {path}")
     return path

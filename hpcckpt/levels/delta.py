@@ -14,10 +14,18 @@ differs from the base's. The block digests only pick which blocks to send: every
 from an incremental step is verified against the per-array checksums of that step's manifest
 (levels rebuild the full redundancy from base + delta, then verify as for a full step).
 
+A rank's data may change size between its base and an incremental step (a growing history, a
+state whose arrays change length): the blocks whole in both are compared, every later block is
+sent, and the rebuilt copy is the base's cut or extended to the new size before the blocks are
+written (xor/rs: the bytes past a rank's end are zeros). Arrays keep their offsets in the data
+file while the arrays before them stay within their 4 KiB alignment; an array that moves makes
+the blocks after it count as changed.
+
 Whether a step is incremental is decided collectively (one fixed-size reduction): all ranks of
-the level's communicator must have the same base, readable base files and the same data size as
-the base, no rank may have changed more than ``incremental_max_changed`` of its blocks, and
-fewer than ``incremental_full_every`` incremental steps may have followed the base.
+the level's communicator must have the same base and readable base files (the encoded levels
+also pieces of the base's size), no rank may have changed more than
+``incremental_max_changed`` of its blocks, and fewer than ``incremental_full_every`` incremental
+steps may have followed the base.
 """
 import dataclasses
 import os
@@ -97,9 +105,22 @@ def block_digests_reference(data, block):
                     np.uint64)
 
 
-def changed_blocks(new, old):
-    """Local, pure: the indices (int64, ascending) of the blocks whose digests differ."""
-    return np.flatnonzero(np.asarray(new) != np.asarray(old)).astype(np.int64)
+def changed_blocks(new, old, size=None, base_size=None, block=None):
+    """Local, pure: the indices (int64, ascending) of the blocks whose digests differ. When the
+    data changed size (``size`` != ``base_size``), only the blocks whole in both are compared;
+    every later block of the new data counts as changed."""
+    new, old = np.asarray(new), np.asarray(old)
+    if size == base_size:
+        return np.flatnonzero(new != old).astype(np.int64)
+    common = min(size, base_size) // block
+    return np.concatenate([np.flatnonzero(new[:common] != old[:common]),
+                           np.arange(common, new.size)]).astype(np.int64)
+
+
+def tail_blocks(size, base_size, block):
+    """Local, pure: the first block an incremental step must send whole when its data has
+    ``size`` bytes and its base's ``base_size`` (every block from there on; none when equal)."""
+    return block_count(size, block) if size == base_size else min(size, base_size) // block
 
 
 def block_ranges(blocks, block, size):
@@ -173,10 +194,13 @@ def digests_path(cache, step):
 
 
 # ---------------------------------------------------------------------- the delta index (JSON)
-def delta_info(base_step, base_ckpt_id, block, size, blocks, **extra):
-    """The JSON document describing one delta file (``extra``: level-specific keys)."""
+def delta_info(base_step, base_ckpt_id, block, size, blocks, base_size=None, **extra):
+    """The JSON document describing one delta file (``base_size``: the base's data size when it
+    differs from ``size``; ``extra``: level-specific keys)."""
     doc = {"format": DELTA_FORMAT, "version": 1, "base_step": int(base_step), "base_ckpt_id": base_ckpt_id,
            "block": int(block), "data_size": int(size), "blocks": [int(b) for b in blocks]}
+    if base_size is not None and base_size != size:
+        doc["base_size"] = int(base_size)
     doc.update(extra)
     return doc
 
@@ -188,12 +212,16 @@ def check_delta_info(doc, where):
     if (not isinstance(doc, dict) or doc.get("format") != DELTA_FORMAT or doc.get("version") != 1
             or not ok_int(doc.get("base_step")) or not isinstance(doc.get("base_ckpt_id"), str)
             or not ok_int(doc.get("block"), 1) or not ok_int(doc.get("data_size"))
-            or not isinstance(doc.get("blocks"), list)):
+            or not isinstance(doc.get("blocks"), list) or not ok_int(doc.get("base_size", 0))):
         raise CorruptCheckpointError(f"{where}: not an hpcckpt delta index")
+    doc.setdefault("base_size", doc["data_size"])     # absent: the base has the step's size
     n = block_count(doc["data_size"], doc["block"])
     blocks = doc["blocks"]
     if not all(ok_int(b) and b < n for b in blocks) or any(a >= b for a, b in zip(blocks, blocks[1:])):
         raise CorruptCheckpointError(f"{where}: bad block list")
+    tail = tail_blocks(doc["data_size"], doc["base_size"], doc["block"])
+    if n - tail > len(blocks) or blocks[len(blocks) - (n - tail):] != list(range(tail, n)):
+        raise CorruptCheckpointError(f"{where}: the data changed size, but its new blocks are not all in the delta")
     return doc
 
 
@@ -203,6 +231,7 @@ class Plan:
     """What one encode does: ``base`` (step, ckpt_id) when incremental (else None), this rank's
     digests of the new step and the blocks changed since the base (None when full)."""
     base: tuple
+    base_size: int              # the base's data size (when incremental)
     digests: np.ndarray
     changed: np.ndarray
     data: np.ndarray            # the mapped data of the new step (None after a local error)
@@ -245,10 +274,9 @@ class Chain:
         if self.base is not None and digests is not None and deferred.error is None \
                 and self.since < cfg.incremental_full_every:
             base_step, _, base_size = self.base
-            old = read_digests(digests_path(self.cache, base_step), cfg.incremental_block, size) \
-                if base_size == size else None
+            old = read_digests(digests_path(self.cache, base_step), cfg.incremental_block, base_size)
             if old is not None:
-                changed = changed_blocks(digests, old)
+                changed = changed_blocks(digests, old, size, base_size, cfg.incremental_block)
                 try:    # a base that is missing or of another layout: this step is full
                     ok = extra_ok is None or bool(extra_ok(base_step))
                 except (OSError, ValueError, KeyError, TypeError, CorruptCheckpointError):
@@ -262,7 +290,7 @@ class Chain:
         incremental = (words[0] == 0 and words[2] == -words[3] and words[2] >= 0      # decided on reduced
                        and words[1] <= cfg.incremental_max_changed * 1_000_000)      # values only: the same everywhere
         base = (self.base[0], self.base[1]) if incremental else None
-        return Plan(base, digests, changed if incremental else None, data)
+        return Plan(base, self.base[2] if incremental else None, digests, changed if incremental else None, data)
 
     def done(self, plan, manifest):
         """Local: ``manifest``'s step was encoded as ``plan`` on this rank (the level raises on every
@@ -342,8 +370,11 @@ def materialize_held(held_dir, name, size):
     step_dir = os.path.dirname(os.path.abspath(held_dir))
     base_held = os.path.join(os.path.dirname(step_dir), f"step_{idx['base_step']:010d}", os.path.basename(held_dir))
     base = np.fromfile(os.path.join(base_held, name), np.uint8)
-    if base.size != size or idx["data_size"] != size:
-        raise CorruptCheckpointError(f"{index_path}: the base step {idx['base_step']} has no {name} of {size} bytes")
+    if base.size != idx["base_size"] or idx["data_size"] != size:
+        raise CorruptCheckpointError(f"{index_path}: the base step {idx['base_step']} has no {name} of "
+                                     f"{idx['base_size']} bytes")
+    if base.size != size:          # the data changed size: the base cut or extended with zeros
+        base = np.concatenate([base[:size], np.zeros(max(0, size - base.size), np.uint8)])
     delta = np.fromfile(os.path.join(held_dir, stem + ".delta"), np.uint8)
     if name == "parity.dat":
         m = idx.get("parity")

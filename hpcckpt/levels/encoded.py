@@ -38,8 +38,8 @@ from .combine import Buffers, gather_combine, map_range
 from .transfer import read_range
 from ..comm import Deferred, InFlight
 from .base import RedundancyLevel
-from .delta import (SEGMENTS_ONLY, Chain, apply_segments, check_delta_info, check_parity_index, delta_info,
-                    parity_entries, piece_segments, segment_length, segment_sums_ok)
+from .delta import (SEGMENTS_ONLY, Chain, apply_segments, block_count, check_delta_info, check_parity_index,
+                    delta_info, parity_entries, piece_segments, segment_length, segment_sums_ok)
 
 FORMAT = "hpcckpt-encoded"
 TAG_DELTA = 7200
@@ -108,12 +108,13 @@ class EncodedLevel(RedundancyLevel):
         deferred = Deferred()
         k = len(self.group)
         m = min(self.parity, k - 1)
+        sizes = self._group_comm().allgather(manifest.data_size)     # the group's: its pieces stay?
         plan = self.chain.plan(self.comm, step, manifest, deferred,
-                               lambda base: m > 0 and self._base_ok(base, manifest.data_size))
+                               lambda base: m > 0 and self._base_ok(base, self._piece(sizes, k - m)))
         if plan.incremental:
             manifest = dataclasses.replace(manifest, base=plan.base)
         try:
-            self._encode(step, manifest, plan, deferred)
+            self._encode(step, manifest, plan, deferred, sizes)
         except BaseException:
             self.chain.forget()
             raise
@@ -127,23 +128,24 @@ class EncodedLevel(RedundancyLevel):
         align = self.cache.cfg.incremental_block if self.chain is not None else 8
         return max(8, -(-(-(-max(sizes) // kd)) // align) * align)
 
-    def _base_ok(self, base, size):
+    def _base_ok(self, base, piece):
         """Local: this rank has what an incremental step against ``base`` needs: its data of the
-        base (same size) and its parity of the base."""
+        base and its parity of the base, whose pieces have the new step's ``piece`` bytes (the data
+        may change size while the group's largest stays within its pieces)."""
         parity_path, info_path = self._paths(base)
-        if os.path.getsize(self.cache.data_path(base)) != size or not os.path.isfile(parity_path):
+        if os.path.getsize(self.cache.data_path(base)) != self.chain.base[2] or not os.path.isfile(parity_path):
             return False
         info = storage.read_json(info_path)
-        return info.get("group") == self.group and info.get("piece") and \
+        return info.get("group") == self.group and info.get("piece") == piece and \
             os.path.getsize(parity_path) == info["parity"] * info["piece"] and \
             info.get("segment") == self.cache.cfg.incremental_block and \
             isinstance(info.get("segment_checksums"), list) and len(info["segment_checksums"]) == info["parity"]
 
-    def _encode(self, step, manifest, plan, deferred):
+    def _encode(self, step, manifest, plan, deferred, sizes=None):
         gcomm, group = self._group_comm(), self.group
         k, pos = len(group), self.group.index(self.comm.rank)
         m = min(self.parity, k - 1)
-        sizes = gcomm.allgather(manifest.data_size)
+        sizes = gcomm.allgather(manifest.data_size) if sizes is None else sizes
         manifests = gcomm.allgather(manifest.to_json())
         self.sent = 0
         if plan is not None and plan.incremental:
@@ -209,14 +211,18 @@ class EncodedLevel(RedundancyLevel):
         piece = self._piece(sizes, kd)
         seg = cfg.incremental_block
         coef = code_matrix(kd, m)
-        changed = plan.changed if plan.changed is not None else []
-        mine = [piece_segments(changed, cfg.incremental_block, sizes[pos], q, piece, seg) for q in range(kd)]
+        changed = plan.changed if plan.changed is not None else np.zeros(0, np.int64)
+        new_size, old_size = sizes[pos], plan.base_size
+        extent = max(new_size, old_size)      # a shrunk rank's bytes past its new end become zero padding
+        if old_size > new_size:
+            changed = np.concatenate([changed, np.arange(block_count(new_size, seg), block_count(old_size, seg))])
+        mine = [piece_segments(changed, cfg.incremental_block, extent, q, piece, seg) for q in range(kd)]
         segs = gcomm.allgather(mine)        # per member, per data piece: its changed segments
         # the data of both steps from the mappings their writes left open (storage.Mappings), else
         # read with pread into buffers, not through new maps: only a tenth of each file is read,
         # and faulting in its pages one by one costs more than the copy
         ro = os.O_RDONLY | os.O_NOFOLLOW
-        new_bytes, old_bytes = self.cache.kept_bytes(step, sizes[pos]), self.cache.kept_bytes(base_step, sizes[pos])
+        new_bytes, old_bytes = self.cache.kept_bytes(step, new_size), self.cache.kept_bytes(base_step, old_size)
         fd_new = deferred.run(os.open, self.cache.data_path(step), ro) if new_bytes is None else None
         fd_old = deferred.run(os.open, self.cache.data_path(base_step), ro) if old_bytes is None else None
         fd_par = deferred.run(os.open, self._paths(base_step)[0], ro)
@@ -246,21 +252,24 @@ class EncodedLevel(RedundancyLevel):
             elif deferred.run(read_range, fd, buf, offset) is None:
                 buf.fill(0)
 
-        def data_delta(out, lo):          # d_S xor d_B of the data bytes [lo, lo + out.size)
+        def data_delta(out, lo):          # d_S xor d_B of the data bytes [lo, lo + out.size), zero past each end
             hi = lo + out.size
-            if new_bytes is not None and old_bytes is not None and deferred.error is None:
+            if hi <= min(new_size, old_size) and new_bytes is not None and old_bytes is not None \
+                    and deferred.error is None:
                 np.bitwise_xor(new_bytes[lo:hi], old_bytes[lo:hi], out=out)
                 return
+            nv, ov = max(0, min(hi, new_size) - lo), max(0, min(hi, old_size) - lo)
+            out[nv:] = 0
             if new_bytes is not None and deferred.error is None:
-                out[:] = new_bytes[lo:hi]
+                out[:nv] = new_bytes[lo:lo + nv]
             else:
-                read_into(fd_new, out, lo)
-            old = scratch[:out.size]
+                read_into(fd_new, out[:nv], lo)
+            old = scratch[:ov]
             if old_bytes is not None and deferred.error is None:
-                old[:] = old_bytes[lo:hi]
+                old[:] = old_bytes[lo:lo + ov]
             else:
                 read_into(fd_old, old, lo)
-            np.bitwise_xor(out, old, out=out)
+            np.bitwise_xor(out[:ov], old, out=out[:ov])
 
         # Rounds: round i moves the i-th changed segment of every stripe. Rounds go in waves of
         # up to WAVE_BYTES of buffers: all the messages of a wave are posted at once (fewer
@@ -290,7 +299,7 @@ class EncodedLevel(RedundancyLevel):
                             n = segment_length(t, seg, piece)
                             buf = sbuf[i - w0, q, :n]
                             lo = q * piece + t * seg
-                            v = max(0, min(n, sizes[pos] - lo))
+                            v = max(0, min(n, extent - lo))
                             buf[v:] = 0
                             data_delta(buf[:v], lo)
                             for j in range(m):

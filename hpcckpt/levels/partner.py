@@ -7,8 +7,9 @@ holding its copies. ``encode`` and ``recover`` are collective.
 With ``incremental`` (levels/delta.py) an incremental step holds ``partner_<R>.delta`` (the
 blocks of rank R changed since the base step B, concatenated) and ``partner_<R>.delta.json``
 (their index and B's identity) instead of the ``.dat`` copy; B's copy stays in
-``step_<B>/held_<H>/``. A rebuild first makes the full copy (B's copy + the delta), verifies it
-against the per-array checksums of the step's manifest, then proceeds as for a full step.
+``step_<B>/held_<H>/``. A rebuild first makes the full copy (B's copy, cut or extended to the
+step's data size, + the delta), verifies it against the per-array checksums of the step's
+manifest, then proceeds as for a full step.
 """
 import dataclasses
 import os
@@ -81,7 +82,7 @@ class PartnerLevel(RedundancyLevel):
         if manifest is not None and holder is not None:
             if incremental:
                 info = delta_info(plan.base[0], plan.base[1], cfg.incremental_block, manifest.data_size,
-                                  plan.changed if plan.changed is not None else [])
+                                  plan.changed if plan.changed is not None else [], plan.base_size)
                 size = delta_bytes(info["blocks"], cfg.incremental_block, manifest.data_size)
                 reader = stream_reader(plan.data, plan.changed, cfg.incremental_block) \
                     if plan.data is not None and plan.changed is not None else (lambda buf, off: buf.fill(0))
@@ -137,7 +138,7 @@ class PartnerLevel(RedundancyLevel):
             raise CorruptCheckpointError(f"{info_path}: does not match the manifest of step {step}")
         base_data, base_meta = self._copy_paths(info["base_step"], src)
         bm = mf.parse(storage.read_json(base_meta), base_meta)
-        if bm.rank != src or bm.ckpt_id != info["base_ckpt_id"] or bm.data_size != m.data_size \
+        if bm.rank != src or bm.ckpt_id != info["base_ckpt_id"] or bm.data_size != info["base_size"] \
                 or not os.path.isfile(base_data) or os.path.islink(base_data):
             raise CorruptCheckpointError(f"{base_meta}: not the base of step {step}")
         tmp = self._copy_paths(step, src)[0] + ".tmp"

@@ -176,3 +176,33 @@ def test_base_gone_before_a_checkpoint_makes_it_full(level, tmp_path):
     shutil.rmtree(os.path.join(cache, "node2"))
     res = app(cache, level, "--ckpts", "1,2,3", "--restart")
     assert restarted(res) == (3, "ok"), str(res)
+
+
+@pytest.mark.parametrize("level,grow,reuse", [("partner", 100, True), ("partner", 2 * BLOCK + 7, True),
+                                              ("partner", -BLOCK - 50, True), ("xor", 100, True),
+                                              ("xor", 300, False), ("rs", -BLOCK - 50, True)])
+def test_a_history_that_changes_size_on_one_rank_keeps_the_steps_incremental(level, grow, reuse, tmp_path):
+    """Rank 0's state dict holds a history that grows (or shrinks) at every checkpoint; the other
+    ranks' data keep their size. Steps 2 and 3 are incremental against step 1 on every rank (before:
+    all full, for one rank's size change), rank 0's delta holds its changed blocks and the blocks
+    after the shorter of the two sizes, not its whole data; `hpcckpt verify` rebuilds it; node 0
+    lost: rank 0 is rebuilt from base + delta, bitwise. xor with +300 bytes: rank 0 becomes the
+    group's largest, within the same pieces (and its delta is read with pread: reuse_files off)."""
+    cache = str(tmp_path / "cache")
+    app(cache, level, "--ckpts", "1,2,3", "--frac", 0.1, "--grow", grow, config={"reuse_files": reuse})
+    for node in range(NPROCS):
+        assert [(manifest(cache, node, s).get("base") or {}).get("step") for s in (1, 3)] == [None, 1]
+    sizes = [manifest(cache, 0, s)["data_size"] for s in (1, 3)]
+    assert (sizes[1] > sizes[0]) == (grow > 0) and sizes[0] != sizes[1]
+    if level == "partner":
+        nbytes = os.path.getsize(held(cache, 1, 3, "partner_000000.delta"))
+        assert 0 < nbytes < sizes[1] // 2
+        assert not os.path.exists(held(cache, 1, 3, "partner_000000.dat"))
+    else:
+        assert os.path.getsize(held(cache, 0, 3, "parity.delta")) < os.path.getsize(held(cache, 0, 1, "parity.dat"))
+    res = subprocess.run([sys.executable, "-m", "hpcckpt", "verify", cache], capture_output=True, text=True,
+                         timeout=60, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0 and "DAMAGED" not in res.stdout, res.stdout + res.stderr
+    shutil.rmtree(os.path.join(cache, "node0"))
+    res = app(cache, level, "--ckpts", "1,2,3", "--grow", grow, "--restart")
+    assert restarted(res) == (3, "ok"), str(res)

@@ -52,6 +52,32 @@ def test_changed_blocks_stream_and_apply(frac):
         delta.apply_blocks(old.copy(), stream[:-1] if nbytes else np.zeros(1, np.uint8), blocks, block, size)
 
 
+@pytest.mark.parametrize("grow", [1, 5000, 3 * 4096, -1, -4096 - 50, -30 * 4096])
+def test_data_that_changed_size_is_the_base_cut_or_extended_plus_the_delta(grow):
+    """A grown or shrunk step: the blocks whole in both are compared, every later one is in the
+    delta, and base (cut or extended with zeros to the new size) + delta is the new data."""
+    rng = np.random.default_rng(abs(grow))
+    block, base_size = 4096, 4096 * 40 + 123
+    old = rng.integers(0, 256, base_size, dtype=np.uint8)
+    size = base_size + grow
+    new = np.concatenate([old[:size], rng.integers(0, 256, max(0, grow), dtype=np.uint8)])
+    new[5 * block + 9] ^= 1                                     # and one block changed in place
+    blocks = delta.changed_blocks(delta.block_digests(new, block), delta.block_digests(old, block), size,
+                                  base_size, block)
+    tail = delta.tail_blocks(size, base_size, block)
+    assert tail == min(size, base_size) // block
+    assert list(blocks) == [5] + list(range(tail, delta.block_count(size, block)))
+    info = delta.check_delta_info(delta.delta_info(1, "id", block, size, blocks, base_size), "x")
+    assert info["base_size"] == base_size
+    stream = np.empty(delta.delta_bytes(blocks, block, size), np.uint8)
+    delta.stream_reader(new, blocks, block)(stream, 0)
+    target = np.concatenate([old[:size], np.zeros(max(0, grow), np.uint8)])
+    delta.apply_blocks(target, stream, blocks, block, size)
+    assert np.array_equal(target, new)
+    with pytest.raises(CorruptCheckpointError, match="new blocks are not all in the delta"):
+        delta.check_delta_info(delta.delta_info(1, "id", block, size, [5], base_size), "x")
+
+
 def test_digests_file_roundtrip_and_damage(tmp_path):
     data = np.random.default_rng(1).integers(0, 256, 50000, dtype=np.uint8)
     d = delta.block_digests(data, 4096)
@@ -109,7 +135,8 @@ def test_delta_info_validation():
     doc = delta.delta_info(3, "abc", 4096, 10000, [0, 2])
     assert delta.check_delta_info(doc, "x") is doc
     for bad in ({**doc, "blocks": [2, 0]}, {**doc, "blocks": [3]}, {**doc, "format": "x"}, {**doc, "block": 0},
-                {**doc, "base_step": -1}, [], {**doc, "version": 2}):
+                {**doc, "base_step": -1}, [], {**doc, "version": 2}, {**doc, "base_size": -1},
+                {**doc, "base_size": "10000"}, {**doc, "base_size": 4096 + 5}):
         with pytest.raises(CorruptCheckpointError):
             delta.check_delta_info(bad, "x")
 

@@ -16,6 +16,9 @@ run checks the restored array bitwise against ``value(rank, s)``. Options:
   --config-json JSON                         extra Checkpointer keyword arguments
   --rng                                      also checkpoint a state dict holding a generator's
                                              state (its JSON length varies from step to step)
+  --grow N                                   also checkpoint a state dict holding ``hist``, a
+                                             history that on rank 0 grows by N bytes (shrinks
+                                             when N < 0) at every checkpoint after the first
 """
 import argparse
 import json
@@ -41,6 +44,7 @@ p.add_argument("--drop-base-before", type=int, default=-1,
 p.add_argument("--more", default="", help="with --restart: then checkpoint these steps (of --ckpts) too")
 p.add_argument("--config-json", default="{}")
 p.add_argument("--rng", action="store_true")
+p.add_argument("--grow", type=int, default=None)
 a = p.parse_args()
 comm = MPI.COMM_WORLD
 rank = comm.rank
@@ -70,6 +74,23 @@ def rng_state(upto):
     return gen.bit_generator.state
 
 
+def hist(upto):
+    """The history at checkpoint step ``upto``: 3 blocks on every rank, on rank 0 grown by
+    --grow bytes per checkpoint since the first (appended: the earlier bytes stay)."""
+    n = 3 * a.block + (a.grow * sum(1 for s in ckpts[1:] if s <= upto) if rank == 0 else 0)
+    return ((np.arange(n) * 7 + rank) % 251).astype(np.uint8)
+
+
+def state_at(s):
+    """The state dict checkpointed at step ``s`` (None without --rng and --grow)."""
+    state = {}
+    if a.rng:
+        state["rng"] = rng_state(s)
+    if a.grow is not None:
+        state["hist"] = hist(s)
+    return state or None
+
+
 def say(line):
     os.write(1, (line + "\n").encode())
 
@@ -81,16 +102,17 @@ u = np.zeros(size, np.uint8)
 with hpcckpt.Checkpointer(comm, **kwargs) as ckpt:
     ckpt.protect("u", u)
     if a.restart:
-        state = {"rng": None} if a.rng else None
+        state = {k: None for k in state_at(0) or {}} or None
         step = ckpt.restart(state)
-        ok = step is not None and np.array_equal(u, value(step)) and (not a.rng or state["rng"] == rng_state(step))
+        ok = step is not None and np.array_equal(u, value(step)) and (not a.rng or state["rng"] == rng_state(step)) \
+            and (a.grow is None or np.array_equal(state["hist"], hist(step)))
         ok = comm.allreduce(ok, op=MPI.LAND)
         if rank == 0:
             say(f"RESTART {step}")
             say(f"CHECK {'ok' if ok else 'bad'}")
         for s in [int(x) for x in a.more.split(",") if x]:
             u[:] = value(s)
-            ckpt.checkpoint(s, level=a.level)
+            ckpt.checkpoint(s, state_at(s), level=a.level)
     else:
         for s in ckpts:
             if s == a.drop_base_before and rank == 1:     # the base's copy / parity vanishes on one node
@@ -99,7 +121,7 @@ with hpcckpt.Checkpointer(comm, **kwargs) as ckpt:
                     if name.endswith(".dat"):
                         os.unlink(os.path.join(held, name))
             u[:] = value(s)
-            ckpt.checkpoint(s, {"rng": rng_state(s)} if a.rng else None,
+            ckpt.checkpoint(s, state_at(s),
                             level="pfs" if s == a.pfs_at else "local" if s == a.local_at else a.level)
         ckpt.wait()
         if rank == 0:

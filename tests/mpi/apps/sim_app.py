@@ -8,13 +8,15 @@ What it does that protect() by reference cannot follow:
   - a history on rank 0 only that grows by a row every step and is rebound by np.vstack (ROOT);
   - Python scalars (``t``, ``step``), a NumPy float32 scalar, a dict of parameters with a
     tuple, and a NumPy Generator's state (a dict with 128-bit ints), the same on every rank
-    (REPLICATED); with --per-rank-rng also a Generator per rank (no layout: per rank).
+    (REPLICATED); with --per-rank-rng also a Generator per rank (no layout: per rank);
+  - with --table-kib K, a per-rank table of K KiB (the state dict's first key) of which a
+    sixteenth is rewritten every step: most of the data stays as it was (incremental).
 The dynamics do not depend on the decomposition (every cell and particle is updated by the same
 operations wherever it lives; the energy is summed on rank 0 in particle-id order), so a run
 restarted on another rank count ends bitwise equal to a failure-free run, globally.
 
 Options: --cache DIR --pfs DIR --name NAME --steps N --every K --level L --crash-at S
---crash-rank R --out DIR --no-restart --per-rank-rng --config-json JSON
+--crash-rank R --out DIR --no-restart --per-rank-rng --table-kib K --config-json JSON
 --extra-key (restart with a key the checkpoint lacks) --bad-replicated (rank 1's params differ).
 Prints "RESTART <step|None>" (rank 0), "CKPT <step> <level>" (rank 0), "ERROR <Class> rank=<r>
 <message>" (every rank that caught an HpcCkptError; exit 3), "DONE".
@@ -43,6 +45,7 @@ p.add_argument("--no-restart", action="store_true")
 p.add_argument("--per-rank-rng", action="store_true")
 p.add_argument("--extra-key", action="store_true")
 p.add_argument("--bad-replicated", action="store_true")
+p.add_argument("--table-kib", type=int, default=0)
 p.add_argument("--config-json", default="{}")
 a = p.parse_args()
 
@@ -113,14 +116,16 @@ local_rng = np.random.default_rng(1000 + rank)       # per rank (only with --per
 scale = np.float32(1.0)
 t, step0 = 0.0, -1
 history = np.zeros((0, 2)) if rank == 0 else None
+table = np.cos(np.arange(a.table_kib * 128) + rank)     # a.table_kib KiB of float64
 
 kwargs = dict(name=a.name, cache_dir=a.cache, pfs_dir=a.pfs, log_level="ERROR")
 kwargs.update(json.loads(a.config_json))
 
 
 def current_state():
-    state = {"u": u, "ids": ids, "pos": pos, "vel": vel, "t": t, "step": step, "params": params,
-             "rng": rng.bit_generator.state, "scale": scale}
+    state = {"table": table} if a.table_kib else {}
+    state.update({"u": u, "ids": ids, "pos": pos, "vel": vel, "t": t, "step": step, "params": params,
+             "rng": rng.bit_generator.state, "scale": scale})
     if rank == 0:
         state["history"] = history
     if a.per_rank_rng:
@@ -154,6 +159,8 @@ try:
                     local_rng.bit_generator.state = state["local_rng"]
                 if rank == 0:
                     history = state["history"]
+                if a.table_kib:
+                    table = state["table"]
         if rank == 0:
             say(f"RESTART {start}")
         for step in range(step0 + 1, a.steps):
@@ -179,6 +186,9 @@ try:
             e = energy(ids, vel)
             if rank == 0:
                 history = np.vstack([history, [[t, e]]])
+            if a.table_kib:        # a sixteenth of the table, in place
+                part = table.size // 16
+                table[step % 16 * part:(step % 16 + 1) * part] = np.sin(np.arange(part) * 1e-3 + step)
             if step == a.crash_at and rank == a.crash_rank:
                 os.kill(os.getpid(), signal.SIGKILL)
             if (step + 1) % a.every == 0:
@@ -195,7 +205,8 @@ if a.out:
     extra = {"history": history} if rank == 0 else {}
     np.savez(os.path.join(a.out, f"rank_{rank}.npz"), u=u, lo=lo, ids=ids, pos=pos, vel=vel,
              t=np.float64(t), step=step, scale=scale,
-             rng=json.dumps(rng.bit_generator.state, sort_keys=True), **extra)
+             rng=json.dumps(rng.bit_generator.state, sort_keys=True), **extra,
+             **({"table": table} if a.table_kib else {}))
 comm.Barrier()
 if rank == 0:
     say("DONE")
