@@ -286,8 +286,8 @@ class Mappings:
     device and inode), kept open between checkpoints. With ``reuse_files`` the data files
     rotate (the retired file is overwritten next), so the next write into a file finds its
     mapping ready: no MAP_POPULATE of every page, no munmap (together more than the copy itself
-    for large arrays). A mapping is only reused for a file of the same size, after the writer
-    has sized it; one whose file was unlinked is dropped at the next ``get`` (its memory is
+    for large arrays). A mapping is reused after the writer has sized the file; for a file whose
+    size changed (a state that grows or shrinks) it is resized with mremap; one whose file was unlinked is dropped at the next ``get`` (its memory is
     freed then), and ``close()`` drops them all. Each entry keeps its file open."""
 
     def __init__(self, limit):
@@ -303,11 +303,11 @@ class Mappings:
         with self._lock:
             self._drop_unlinked(key)
             entry = self._maps.pop(key, None)
-            if entry is not None and entry[1] == size:
+            if entry is not None and entry[1] != size:
+                entry = _resized(entry, size)
+            if entry is not None:
                 self._maps[key] = entry   # now the newest
                 return entry[2]
-            if entry is not None:
-                _close_mapping(entry)
             mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
             self._maps[key] = (os.dup(fd), size, mapping)
             while len(self._maps) > self.limit:
@@ -330,6 +330,19 @@ class Mappings:
         with self._lock:
             while self._maps:
                 _close_mapping(self._maps.popitem()[1])
+
+
+def _resized(entry, size):
+    """Local: a kept mapping ``entry`` of a file now ``size`` bytes long, moved with mremap
+    (mmap.resize: the pages it had stay mapped, only a grown tail is faulted in as written), or
+    None (closed) where it cannot be resized: views of it still in use, or no mremap."""
+    fd, _, mapping = entry
+    try:
+        mapping.resize(size)
+    except (BufferError, OSError, SystemError, ValueError):
+        _close_mapping(entry)
+        return None
+    return fd, size, mapping
 
 
 def _close_mapping(entry):
@@ -407,8 +420,8 @@ class _AllocateAhead:
     every block before file offset ``end`` exists."""
     STEP = 4 << 20
 
-    def __init__(self, fd, size):
-        self.fd, self.size, self.end = fd, size, 0
+    def __init__(self, fd, size, start=0):
+        self.fd, self.size, self.end = fd, size, start
 
     def cover(self, end):
         if end > self.end:
@@ -425,18 +438,21 @@ class _AllocateAhead:
 
 def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chunk=None, mappings=None):
     """write_arrays' "mmap" method: copy and hash in one pass into the mapped file."""
+    before = os.fstat(fd)
     os.ftruncate(fd, size)
     # Every block must exist before it is copied to: a page the file system cannot give to a
     # mapped write kills the process with SIGBUS, where fallocate fails with a clean ENOSPC. An
-    # overwritten file has them all already (and fallocate would walk its pages for nothing).
+    # overwritten file has them all already up to its old size (and fallocate would walk its
+    # pages for nothing): only a tail it grew by is allocated.
     # With on_chunk (the sync pfs flush writes each chunk as it is copied) a new file's blocks
     # are allocated chunk by chunk ahead of the copy, so the first chunk goes out sooner.
     ahead = None
-    if os.fstat(fd).st_blocks * 512 < size:
+    allocated = before.st_size if before.st_blocks * 512 >= before.st_size else 0
+    if allocated < size:
         if on_chunk is None:
-            os.posix_fallocate(fd, 0, size)
+            os.posix_fallocate(fd, allocated, size - allocated)
         else:
-            ahead = _AllocateAhead(fd, size)
+            ahead = _AllocateAhead(fd, size, allocated)
     # MAP_POPULATE maps every page up front, which costs about what faulting them in during the
     # copy does; with on_chunk (the sync pfs flush writes each chunk as it is copied) the pages
     # are faulted in as copied instead, so the first chunk is handed over without waiting for all

@@ -193,8 +193,10 @@ def test_atomic_write_leaves_no_temp(tmp_path):
 
 def test_kept_mappings_are_reused_resized_dropped_and_closed(tmp_path):
     """storage.Mappings: a rewrite of the same file (same size) finds its mapping; another size
-    maps again; a file unlinked meanwhile is dropped at the next write; at most ``limit`` are
-    kept; close() leaves no descriptor open; the bytes are always the new ones."""
+    (shrunk, grown: a state whose arrays change length) resizes it (mremap: the same mapping
+    object); one that cannot be resized (a view of it still held) is mapped again; a file
+    unlinked meanwhile is dropped at the next write; at most ``limit`` are kept; close() leaves
+    no descriptor open; the bytes are always the new ones."""
     before = len(os.listdir("/proc/self/fd"))
     maps = storage.Mappings(2)
     a, b, c = (str(tmp_path / n) for n in "abc")
@@ -204,8 +206,16 @@ def test_kept_mappings_are_reused_resized_dropped_and_closed(tmp_path):
     storage.write_arrays(a, [("x", data[1])], 4096, mappings=maps)
     assert len(maps._maps) == 1 and maps._maps[next(iter(maps._maps))][2] is first
     assert open(a, "rb").read() == data[1].tobytes()
-    storage.write_arrays(a, [("x", data[2][:5000])], 4096, mappings=maps)     # another size
+    storage.write_arrays(a, [("x", data[2][:5000])], 4096, mappings=maps)     # shrunk
     assert len(maps._maps) == 1 and open(a, "rb").read() == data[2][:5000].tobytes()
+    assert maps._maps[next(iter(maps._maps))][2] is first and len(first) == 5000
+    grown = np.arange(90000, dtype=np.uint8)
+    storage.write_arrays(a, [("x", grown)], 4096, mappings=maps)              # grown past its old size
+    assert maps._maps[next(iter(maps._maps))][2] is first and open(a, "rb").read() == grown.tobytes()
+    held = np.frombuffer(first, np.uint8)                                    # a view still in use
+    storage.write_arrays(a, [("x", data[2][:6000])], 4096, mappings=maps)
+    assert maps._maps[next(iter(maps._maps))][2] is not first and open(a, "rb").read() == data[2][:6000].tobytes()
+    del held, first                 # (the closed mapping keeps its descriptor until collected)
     storage.write_arrays(b, [("x", data[3])], 4096, mappings=maps)
     os.unlink(a)
     storage.write_arrays(c, [("x", data[3])], 4096, mappings=maps)          # a's is dropped, not evicted
