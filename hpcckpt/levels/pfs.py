@@ -250,8 +250,10 @@ class PfsStore:
 
     def _reuse_spare(self, path, node_index):
         """Local (aggregator): with ``reuse_files``, move this node's spare (a retired node file)
-        to ``path`` and lay it out for ``node_index``; its offsets, or None (no spare, or one of
-        another layout: removed) for a new file."""
+        to ``path`` and lay it out for ``node_index`` (its datasets' attributes rewritten, or, for
+        arrays of other shapes, HDF5's metadata of a new file written over it:
+        files.relayout_node_file); its offsets, or None (no spare, or one that cannot be used) for
+        a new file."""
         spare = self._spare_path()
         if not self.cfg.reuse_files or os.path.islink(spare) or not os.path.isfile(spare):
             return None
@@ -265,8 +267,12 @@ class PfsStore:
         except FileNotFoundError:
             return None
         offsets = files.reuse_node_file(path, node_index, self.node, self.node_ranks)
+        how = "overwriting"
+        if offsets is None and os.path.isfile(path):
+            offsets = files.relayout_node_file(path, node_index, self.node, self.node_ranks, self.cfg.file_mode)
+            how = "another layout: laid out anew and overwriting"
         log.debug("rank %d: pfs step %d: %s the retired node file %s", self.rank, node_index.step,
-                  "overwriting" if offsets is not None else "another layout: not reusing", spare)
+                  how if offsets is not None else "not reusing", spare)
         return offsets
 
     def _spare_intact(self, spare):

@@ -78,8 +78,8 @@ def reuse_node_file(path, index, node, node_ranks):
     ``index`` when its datasets are exactly the ones needed (groups, names, shapes, types,
     contiguous and allocated): its attributes are rewritten for the new step and the
     {(rank, array name): file offset} returned, as create_node_file does; the bytes are then
-    overwritten in place (no block allocation). Otherwise (or unreadable) the file is removed
-    and None returned."""
+    overwritten in place (no block allocation). None when its layout is another one (the file
+    is left as it is: relayout_node_file) or it cannot be read (the file is removed)."""
     import h5py
     from h5py import h5d
     offsets = {}
@@ -112,13 +112,47 @@ def reuse_node_file(path, index, node, node_ranks):
                     if e.blocks[r] is not None:
                         _dataset_attrs(g[e.name], e, e.blocks[r])
         return offsets
-    except (_NotReusable, OSError, KeyError, ValueError, TypeError):
+    except _NotReusable:
+        return None
+    except (OSError, KeyError, ValueError, TypeError):
         storage.remove_file(path)
         return None
 
 
 class _NotReusable(Exception):
     """reuse_node_file: the spare's layout is not the one needed."""
+
+
+def relayout_node_file(path, index, node, node_ranks, file_mode):
+    """A retired node file of another layout (a ``reuse_files`` spare moved to ``path``: arrays
+    that grew, shrank, came or went) made the node file of ``index``: create_node_file makes that
+    file beside it (its datasets allocated but not written: sparse), its bytes outside the
+    datasets — HDF5's metadata, zeros in the gaps — are written over the spare's at the same
+    offsets, the spare is cut to its size and the fresh file removed. Once the datasets' bytes
+    are written the spare is that file byte for byte, on blocks it already had (overwritten, not
+    allocated anew). Returns create_node_file's offsets, or None (``path`` removed) when that
+    fails."""
+    fresh = path + ".layout"
+    try:
+        offsets = create_node_file(fresh, index, node, node_ranks, file_mode)
+        size = os.path.getsize(fresh)
+        extents = metadata_extents(size, [(off, index.entry(name).nbytes(r)) for (r, name), off in offsets.items()
+                                          if off is not None])
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+        try:
+            with open(fresh, "rb") as src:
+                for start, length in extents:
+                    src.seek(start)
+                    storage.pwrite_all(fd, np.frombuffer(src.read(length), np.uint8), start)
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+        return offsets
+    except (OSError, CheckpointWriteError):
+        storage.remove_file(path)
+        return None
+    finally:
+        storage.remove_file(fresh)
 
 
 def set_checksums(path, checksums):

@@ -3,7 +3,10 @@ import glob
 import json
 import os
 import shutil
+import subprocess
+import sys
 
+import h5py
 import numpy as np
 import pytest
 
@@ -224,25 +227,47 @@ def test_retired_node_files_are_overwritten_and_removed_at_close(shm_dir, tmp_pa
     assert restart_step(res) == 14
 
 
-def test_a_spare_of_another_layout_is_not_reused(shm_dir, tmp_path):
-    """Particles migrate every step (sim_app): each pfs step's node files hold rows of other
-    lengths than the retired one, so the spare is not reused (a new file each time) and the
-    restart is bitwise equal to a failure-free run."""
+def test_a_spare_of_another_layout_is_laid_out_anew_and_overwritten(shm_dir, tmp_path):
+    """Particles migrate every step and rank 0's history grows (sim_app): each pfs step's node
+    files hold arrays of other lengths than the retired one. The spare is reused all the same
+    (before: a new file each time, about twice as slow): HDF5's metadata of a new file written
+    over it. Its node files are byte for byte those of a run that writes new files (nothing
+    retired: no spare), but for the checkpoint id; `hpcckpt verify` finds them intact, and the restart is bitwise equal to a failure-free run."""
     common = ["--steps", 30, "--every", 5, "--level", "pfs"]
     cfg = {"ranks_per_node": 2}
     ref = run_mpi(4, "sim_app.py", "--cache", os.path.join(shm_dir, "ref", "node{node}"), "--pfs",
                   os.path.join(shm_dir, "ref", "pfs"), "--no-restart", "--out", tmp_path / "ref", *common,
-                  "--config-json", json.dumps(cfg))
+                  "--config-json", json.dumps(dict(cfg, keep=8)))     # keep 8: nothing retires, new files
     assert ref.returncode == 0, str(ref)
     cache, pfs = os.path.join(shm_dir, "c", "node{node}"), os.path.join(shm_dir, "c", "pfs")
     res = run_mpi(4, "sim_app.py", "--cache", cache, "--pfs", pfs, "--crash-at", 27, *common,
                   "--config-json", json.dumps(dict(cfg, log_level="DEBUG")))
-    assert res.returncode != 0 and "another layout: not reusing" in res.stderr, str(res)
+    assert res.returncode != 0 and "another layout: laid out anew and overwriting" in res.stderr, str(res)
+    assert "not reusing" not in res.stderr, str(res)
+    # node 0 (rank 0's history grows) laid its step 24 out over a retired file; the ref's is new
+    assert "rank 0: pfs step 24: another layout: laid out anew and overwriting" in res.stderr, str(res)
+    name = "step_0000000024/node_000000.h5"
+    ours, theirs = (node_file_bytes_but_ckpt_id(os.path.join(root, "sim", name))
+                    for root in (pfs, os.path.join(shm_dir, "ref", "pfs")))
+    assert ours == theirs
+    verify = subprocess.run([sys.executable, "-m", "hpcckpt", "verify", pfs], capture_output=True, text=True,
+                            timeout=60, stdin=subprocess.DEVNULL)
+    assert verify.returncode == 0 and "DAMAGED" not in verify.stdout, verify.stdout + verify.stderr
     lose_every_cache(os.path.join(shm_dir, "c"))
     res = run_mpi(4, "sim_app.py", "--cache", cache, "--pfs", pfs, "--out", tmp_path / "out", *common,
                   "--config-json", json.dumps(cfg))
     assert restart_step(res) == 24, str(res)
     assert npz_arrays(tmp_path / "ref") and npz_arrays(tmp_path / "out") == npz_arrays(tmp_path / "ref")
+
+
+def node_file_bytes_but_ckpt_id(path):
+    """The bytes of a node file with its checkpoint id (random, one per run) blanked out."""
+    with h5py.File(path, "r") as f:
+        ckpt_id = f.attrs["ckpt_id"]
+    ckpt_id = ckpt_id.encode() if isinstance(ckpt_id, str) else bytes(ckpt_id)
+    raw = open(path, "rb").read()
+    assert raw.count(ckpt_id) >= 1
+    return raw.replace(ckpt_id, b"#" * len(ckpt_id))
 
 
 def npz_arrays(path):

@@ -157,7 +157,9 @@ def _node_index(step, shapes, dtype="<f8", checksum="00" * 8):
 
 def test_a_retired_node_file_of_the_same_layout_is_reused_in_place(tmp_path):
     """reuse_node_file: same datasets -> same offsets, the attributes of the new step; another
-    layout (shape, dtype, arrays) -> None and the file removed, so a new one is made."""
+    layout (shape, dtype) -> None, the file left for relayout_node_file, which makes it, on the
+    same inode, the file create_node_file makes (its bytes outside the datasets the same); an
+    unreadable file -> None and removed."""
     import h5py
     from hpcckpt.levels import pfs_files as files
     path = str(tmp_path / "node_0.h5")
@@ -174,12 +176,25 @@ def test_a_retired_node_file_of_the_same_layout_is_reused_in_place(tmp_path):
     files.set_checksums(path, {0: {"a": "ab" * 8}, 1: {"a": "cd" * 8, "g": "ef" * 8}})
     with h5py.File(path, "r") as f:
         assert files.to_str(f["rank_000001/a"].attrs["checksum"]) == "cd" * 8
-    for other in (_node_index(10, [(20000,), (30002,)]), _node_index(10, shapes, dtype="<f4")):
-        assert files.reuse_node_file(path, other, 0, [0, 1]) is None and not os.path.exists(path)
-        files.create_node_file(path, _node_index(4, shapes), 0, [0, 1], 0o600)
+    fresh = str(tmp_path / "fresh.h5")
+    for other in (_node_index(10, [(20000,), (30002,)]), _node_index(10, [(9000,), (40000,)]),
+                  _node_index(10, shapes, dtype="<f4")):
+        # another layout: left as it is; relayout_node_file makes it the new file on the same inode
+        assert files.reuse_node_file(path, other, 0, [0, 1]) is None and os.stat(path).st_ino == inode
+        got = files.relayout_node_file(path, other, 0, [0, 1], 0o600)
+        want = files.create_node_file(fresh, other, 0, [0, 1], 0o600)
+        assert got == want and os.stat(path).st_ino == inode and not os.path.exists(path + ".layout")
+        size = os.path.getsize(fresh)
+        outside = files.metadata_extents(size, [(off, other.entry(n).nbytes(r)) for (r, n), off in want.items()])
+        assert os.path.getsize(path) == size
+        assert files.extents_digest(path, outside) == files.extents_digest(fresh, outside)
+        with h5py.File(path, "r") as f:
+            assert f["rank_000001/a"].shape == other.entry("a").blocks[1].shape and int(f.attrs["step"]) == 10
+        os.unlink(fresh)
     assert files.reuse_node_file(path, _node_index(10, shapes), 0, [0]) is None     # another node's ranks
-    (tmp_path / "junk.h5").write_bytes(b"not hdf5")
+    (tmp_path / "junk.h5").write_bytes(b"not hdf5")                               # unreadable: removed
     assert files.reuse_node_file(str(tmp_path / "junk.h5"), _node_index(10, shapes), 0, [0, 1]) is None
+    assert not os.path.exists(tmp_path / "junk.h5")
 
 
 def _piped_write(path, arrays, chunk=1 << 20, handed=None):
