@@ -30,6 +30,7 @@ SUITE = {
     "numba": ("bench_numba", "Numba start-up with a cold and a warm cache"),
 }
 OPTIONAL = {"pfs": ("bench_pfs", "pfs level internals: node files and restore"),
+            "growing": ("bench_growing", "a state that changes size at every checkpoint vs a fixed-size one, per level"),
             "pfs_phases": ("bench_pfs_phases", "where a synchronous pfs step's time goes, phase by phase, new files and reuse_files"),
             "overhead": ("bench_overhead", "end-to-end: a heat-equation loop at the Daly interval, with vs without checkpoints"),
             "online": ("bench_online", "online recovery (ULFM, spares) vs relaunch + restart, same job and level, 4 and 8 ranks"),
