@@ -3,6 +3,7 @@ import argparse
 import collections
 import datetime
 import os
+import re
 import sys
 
 from . import __version__, catalog, lock
@@ -305,9 +306,22 @@ def cmd_warmup(args):
     return run(args)
 
 
+def _negative_values_joined(argv):
+    """``--mtbf -1h`` as ``--mtbf=-1h``: argparse takes a value that starts with ``-`` and a digit
+    (but is not a plain number) for an option and says only "expected one argument"; joined, the
+    value reaches the check that says what is wrong with it."""
+    out = []
+    for arg in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and re.match(r"-\d", arg):
+            out[-1] += "=" + arg
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_negative_values_joined(sys.argv[1:] if argv is None else list(argv)))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -223,3 +223,15 @@ def test_cli_interval_bad_input_is_one_line_and_status_2(argv, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("hpcckpt interval: error:")
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv,what", [(["interval", "--cost", "5min", "--mtbf", "-1h"], "mtbf"),
+                                       (["interval", "--cost", "-5min", "--mtbf", "1h"], "cost"),
+                                       (["simulate", "--cost", "5min", "--mtbf", "-2d"], "mtbf")])
+def test_cli_a_negative_time_given_as_its_own_argument_is_named(argv, what, capsys):
+    """``--mtbf -1h`` (not ``--mtbf=-1h``): the message says what is wrong with the value, not
+    argparse's "expected one argument"."""
+    from hpcckpt import cli
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "expected one argument" not in err and what in err and "Traceback" not in err, err
