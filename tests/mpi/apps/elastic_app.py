@@ -60,7 +60,8 @@ try:  # an error hpcckpt raised on every rank leaves the block on every rank (no
                 ckpt.checkpoint(step, level="pfs")
             elif a.local_between:
                 ckpt.checkpoint(step, level="local")
-except hpcckpt.HpcCkptError:
+except hpcckpt.HpcCkptError as e:
+    os.write(1, f"ERROR {type(e).__name__} rank={rank} {e}\n".encode())
     raise SystemExit(3)
 whole = comm.gather(field, root=0)
 if rank == 0:
