@@ -151,7 +151,10 @@ class LocalCache:
             os.unlink(self.data_path(step))  # a planted link would make every later write fail
         found = self.examine(step)
         if found is not None and self.abandoned(found):
-            self.retire(step)       # this job's step on another layout, newer than the restart's
+            # this job's step on another layout, newer than the restart's; its directory stays:
+            # the other ranks of this node write theirs into it now (an rmdir of it, empty for a
+            # moment, made a rank's write fail with ENOENT)
+            self.retire(step, keep_dir=True)
         elif found is not None and found.state == "incompatible":
             raise CheckpointWriteError(f"step {step} in {self.root} holds a checkpoint this job cannot use "
                                        f"({found.reason}); it is kept: use another name, remove it, or set "
@@ -370,8 +373,9 @@ class LocalCache:
             np.copyto(array, tmp)
 
     # ------------------------------------------------------------------ retire
-    def retire(self, step):
-        """Delete this rank's part of ``step``: manifest first (uncommit), then the data.
+    def retire(self, step, keep_dir=False):
+        """Delete this rank's part of ``step``: manifest first (uncommit), then the data, then
+        the step directory if it is empty (unless ``keep_dir``).
 
         With ``reuse_files`` the data file becomes the spare that the next checkpoint overwrites,
         and so do the held copies, parity and deltas (reuse_held_spare).
@@ -398,4 +402,5 @@ class LocalCache:
         for name in names:
             if name.startswith(prefix):
                 storage.remove_file(os.path.join(self.step_dir(step), name))
-        storage.remove_dir_if_empty(self.step_dir(step))
+        if not keep_dir:
+            storage.remove_dir_if_empty(self.step_dir(step))
