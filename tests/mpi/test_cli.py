@@ -232,6 +232,22 @@ def test_list_verify_inspect_above_cache_and_pfs(pfs_checkpoints):
     assert res.returncode == 1 and "array 'grid' of rank 1 fails its checksum" in res.stdout
 
 
+def test_list_ends_the_rows_of_two_runs_in_one_directory_with_their_trees(shm_dir):
+    """Two runs of one job in separate trees under one directory: the rows of the same step and
+    place (cache, pfs) end in the tree each is in (they differed only in their time, to the second)."""
+    for run in ("run1", "run2"):
+        res = run_mpi(4, "app.py", "--cache", os.path.join(shm_dir, run, "node{node}"), "--steps", 10, "--every", 5,
+                      "--level", "pfs", "--config-json", '{"ranks_per_node": 2}')
+        assert res.returncode == 0, res
+    res = cli("list", shm_dir)
+    assert res.returncode == 0, res.stderr
+    tails = [ln.rsplit("; in ", 1)[1] for ln in res.stdout.splitlines()[1:] if ln.strip()[:1].isdigit()]
+    assert sorted(tails) == sorted(["run1", "run2", os.path.join("run1", "pfs"), os.path.join("run2", "pfs")] * 2), \
+        res.stdout
+    res = cli("list", os.path.join(shm_dir, "run1"))          # one tree: nothing to tell apart
+    assert "; in " not in res.stdout and len(rows(res)) == 4, res.stdout
+
+
 def test_inspect_shows_the_state_keys_of_a_state_dict_checkpoint(shm_dir):
     res = run_mpi(4, "sim_app.py", "--cache", os.path.join(shm_dir, "node{node}"),
                   "--pfs", os.path.join(shm_dir, "pfs"), "--no-restart", "--level", "pfs", "--steps", 10,
