@@ -65,6 +65,7 @@ class LocalCache:
         # with incremental also the base of the incremental steps, read by the xor/rs delta)
         self.mappings = storage.Mappings(cfg.keep + 2 + bool(cfg.incremental)) if cfg.reuse_files else None
         self.block_digests = None    # (step, block, digests) of the last write (incremental, levels/delta.py)
+        self._odd_spare_told = False  # warned that the spare path is not a regular file
         self._deleter = storage.Deleter("hpcckpt-cache-remove")   # unlinks retired large files (_discard)
 
     # ------------------------------------------------------------------ paths
@@ -163,8 +164,13 @@ class LocalCache:
         storage.makedirs(self.step_dir(step), self.cfg.dir_mode)
         path = self.data_path(step)
         reuse = None
-        if self.cfg.reuse_files and not os.path.exists(path) and os.path.exists(self.spare_path):
-            reuse = self.spare_path
+        if self.cfg.reuse_files and not os.path.exists(path) and os.path.lexists(self.spare_path):
+            if os.path.isfile(self.spare_path) and not os.path.islink(self.spare_path):
+                reuse = self.spare_path
+            elif not self._odd_spare_told:      # a directory or link put there: never renamed into the step
+                self._odd_spare_told = True
+                log.warning("rank %d: %s is not a regular file: not reused (reuse_files); remove it", self.rank,
+                            self.spare_path)
         chunks = sum(-(-a.nbytes // self.cfg.io_chunk) for _, a, _ in items)
         fault = faults.HalfWay("write", self.rank, step, max(1, chunks // 2)) if faults.active() else None
         self.block_digests = None

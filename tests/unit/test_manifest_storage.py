@@ -258,3 +258,27 @@ def test_retire_unlinks_what_it_does_not_keep_in_the_background(tmp_path, reuse)
         open(os.path.join(spare_dir, name), "wb").close()
     cache.prepare()
     assert "trash_000000_dead" not in os.listdir(spare_dir) and "trash_000001_dead" in os.listdir(spare_dir)
+
+
+def test_a_directory_where_the_spare_should_be_is_not_renamed_into_the_step(tmp_path, caplog):
+    """reuse_files: something other than a regular file at the spare's path (a directory, a
+    link) is not reused: the step's data file is written as a new file (before: the directory was
+    renamed to the step's file name, and the write failed naming the step's file), with one
+    warning that names the spare's path."""
+    from hpcckpt.config import Config
+    from hpcckpt.levels.local import LocalCache
+    from hpcckpt.state import PER_RANK
+    from hpcckpt.topology import Topology
+    cfg = Config.load(environ={}, name="app", cache_dir=str(tmp_path / "node{node}"), pfs_dir=str(tmp_path / "pfs"))
+    cache = LocalCache(cfg, Topology(0, 1, (0,)))
+    cache.prepare()
+    os.makedirs(cache.spare_path)
+    u = np.arange(1000, dtype=np.float64)
+    with caplog.at_level("WARNING", logger="hpcckpt"):
+        for step in (1, 2):
+            cache.commit(cache.write(step, "c" * 32, "local", 1, [("u", u, PER_RANK)]))
+    assert os.path.isdir(cache.spare_path) and os.path.isfile(cache.data_path(2))
+    assert np.array_equal(np.fromfile(cache.data_path(2), np.float64, 1000), u)
+    told = [r.getMessage() for r in caplog.records if "not a regular file" in r.getMessage()]
+    assert len(told) == 1 and cache.spare_path in told[0], told
+    cache.close()
