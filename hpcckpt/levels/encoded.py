@@ -108,7 +108,7 @@ class EncodedLevel(RedundancyLevel):
         deferred = Deferred()
         k = len(self.group)
         m = min(self.parity, k - 1)
-        sizes = self._group_comm().allgather(manifest.data_size)     # the group's: its pieces stay?
+        sizes = self._group_comm().allgather(manifest.data_size)     # the group's: do the base's pieces still fit?
         plan = self.chain.plan(self.comm, step, manifest, deferred,
                                lambda base: m > 0 and self._base_ok(base, self._piece(sizes, k - m)))
         if plan.incremental:
