@@ -29,7 +29,7 @@ def _warn_problems(cat, command):
 def _list_rows(cat):
     """(sort key, row text) for every cache step and pfs step of a catalog. Rows of the same job,
     step and place (cache or pfs) from separate trees under the directory end in the tree's path."""
-    rows, trees = [], []
+    rows = []                  # (sort key, row text, the tree the checkpoint is in)
     for cs in catalog.cache_steps(cat):
         bad = [f for f in cs.ranks if f.error]
         if cs.reference:
@@ -55,19 +55,18 @@ def _list_rows(cat):
             text = (f"{cs.step:>10}  {'-':<8} {'-':>5}  {'cache':<5}  {cs.job:<16} {'-':>9}  {'-':>10}  "
                     f"{'-':<19}  {state}")
             key = (cs.job, 0, cs.step, 0)
-        rows.append((key, text))
-        dirs = [f.step_dir for f in (cs.reference or cs.ranks)]     # <tree>/<node dir>/<job>/step_<S>
-        trees.append(os.path.commonpath([os.path.dirname(os.path.dirname(os.path.dirname(d))) for d in dirs])
-                     if dirs else None)
+        found = cs.reference or cs.ranks          # job dirs: <tree>/<node dir>/<job>
+        rows.append((key, text, os.path.commonpath([os.path.dirname(os.path.dirname(f.job_dir)) for f in found])
+                     if found else None))
     for p in cat.pfs:
         ix = p.index
+        tree = os.path.dirname(p.job_dir)          # <pfs dir>/<job>
         if ix is None:
             state = ("being written, or abandoned by a crash (" + os.path.basename(p.path) + ")" if p.tmp
                      else "uncommitted (no COMMITTED.json)" if not p.committed else f"unreadable index: {p.error}")
             text = (f"{p.step:>10}  {'pfs':<8} {'-':>5}  {'pfs':<5}  {p.job:<16} {'-':>9}  {'-':>10}  "
                     f"{'-':<19}  {state}")
-            rows.append(((p.job, 0, p.step, 1), text))
-            trees.append(os.path.dirname(os.path.dirname(p.path)))
+            rows.append(((p.job, 0, p.step, 1), text, tree))
             continue
         problems = catalog.pfs_file_problems(p)
         bad_files = {w.split(" ", 1)[0] for w in problems}
@@ -75,11 +74,10 @@ def _list_rows(cat):
         state = "committed" + (f"; {'; '.join(problems[:4])}" if problems else "")
         text = (f"{p.step:>10}  {'pfs':<8} {ix.epoch:>5}  {'pfs':<5}  {ix.name:<16} {ranks:>4}/{ix.world_size:<4}  "
                 f"{_size(sum(ix.files.values())):>10}  {_when(ix.created):<19}  {state}")
-        rows.append(((p.job, ix.epoch, p.step, 1), text))
-        trees.append(os.path.dirname(os.path.dirname(p.path)))      # <pfs dir>/<job>/step_<S>
-    same = collections.Counter((job, step, where) for (job, _, step, where), _ in rows)
+        rows.append(((p.job, ix.epoch, p.step, 1), text, tree))
+    same = collections.Counter((job, step, where) for (job, _, step, where), _, _ in rows)
     rows = [(key, text + (f"; in {os.path.relpath(tree, cat.root)}" if tree and same[(key[0], key[2], key[3])] > 1
-                          else "")) for (key, text), tree in zip(rows, trees)]
+                          else "")) for key, text, tree in rows]
     newest = collections.defaultdict(int)       # a row without a known epoch sorts with its job's newest
     for key, _ in rows:
         newest[key[0]] = max(newest[key[0]], key[1] or 0)
