@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 
 from .codecs.checksum import hexdigest_of, new_hasher
-from .codecs.xxh3 import BLOCK_BYTES, copy_and_hash
+from .codecs.xxh3 import copy_and_hash
 from .errors import CorruptCheckpointError
 
 log = logging.getLogger("hpcckpt")
@@ -355,23 +355,26 @@ def _close_mapping(entry):
 
 
 def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault=None, method="mmap",
-                 on_mapped=None, on_chunk=None, mappings=None):
+                 on_written=None, on_chunk=None, mappings=None):
     """Write arrays back to back into one file (at array_offset: 4 KiB-aligned when large,
     64-byte aligned otherwise), hashing each while writing.
 
     ``arrays`` is a list of (name, array). ``method`` "mmap" copies each array into the file
-    mapped in memory and hashes it in the same pass (codecs.xxh3); "pwrite" writes each ``chunk``
+    mapped in memory and hashes it in the same pass (codecs.xxh3), except into a new (empty)
+    file, which it writes as "pwrite" does (on tmpfs a write() into new pages costs about half
+    what faulting them into a mapping, then unmapping them, does); "pwrite" writes each ``chunk``
     in HASH_PIECE system calls, hashing each piece just after it is written. If ``reuse`` names an
     existing file, it is renamed to ``path`` and overwritten in place (much faster than a new file
     on tmpfs). Returns a list of (name, offset, nbytes, checksum hex) and the file size.
-    ``fault()``, a test hook, is called after each chunk. ``on_mapped(file_bytes)``: with the
-    "mmap" method, called with the whole written file while it is still mapped (its pages are
-    mapped already: the incremental block digests are computed there, unless taken
-    earlier). ``on_chunk(i, final, source)``: with the "mmap" method, called after each ``chunk``
-    of array ``i`` with a read-only view of its bytes in the mapped file that are final so far (a
-    growing prefix; the sync pfs flush writes them out meanwhile) and the same prefix of the
-    source array (still in the CPU cache: the incremental block digests are taken there); its
-    views must be released before on_mapped returns.
+    ``fault()``, a test hook, is called after each chunk. ``on_written(file_bytes)``: called
+    with the whole written file before it is closed — a uint8 view of its mapping, or a
+    FileBytes reading it — (the incremental block digests not taken during the copy are
+    computed there). ``on_chunk(i, final, source)``: called after each ``chunk`` of array ``i``
+    with a read-only view of its bytes in the mapped file that are final so far (a growing
+    prefix; None when the file is not mapped) and the same prefix of the source array (still in
+    the CPU cache: the incremental block digests are taken there; the sync pfs flush writes
+    the final bytes, or these, out meanwhile); its views must be released before on_written
+    returns.
     ``mappings`` (a Mappings): with the "mmap" method, the file's mapping is taken from there and
     left open in it.
     """
@@ -383,11 +386,13 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
     layout, size = file_layout(arrays)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, mode)
     try:
-        if method == "mmap" and size and _CAN_MAP:
-            digests = _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped, on_chunk, mappings)
+        if method == "mmap" and size and _CAN_MAP and os.fstat(fd).st_size:
+            digests = _write_mapped(fd, size, arrays, layout, chunk, fault, on_written, on_chunk, mappings)
         else:
-            digests = _write_pieces(fd, arrays, layout, chunk, fault)
+            digests = _write_pieces(fd, arrays, layout, chunk, fault, on_chunk)
             os.ftruncate(fd, size)
+            if on_written is not None:
+                on_written(FileBytes(fd, size))
         if fsync:
             os.fsync(fd)
     finally:
@@ -395,9 +400,9 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
     return [(name, offset, nbytes, digest) for (name, offset, nbytes), digest in zip(layout, digests)], size
 
 
-def _chunk_hook(i, src, dst, fault, on_chunk, allocate=None):
+def _chunk_hook(i, src, dst, fault, on_chunk):
     """The after_chunk(done) of array ``i``'s copy of ``src`` into ``dst``: the fault hook, then
-    on_chunk, then ``allocate(done)`` (the file's blocks for the next chunk)."""
+    on_chunk."""
     if fault is None and on_chunk is None:
         return None
 
@@ -408,35 +413,21 @@ def _chunk_hook(i, src, dst, fault, on_chunk, allocate=None):
             final = dst[:done]
             final.flags.writeable = False
             on_chunk(i, final, src[:done])
-        if allocate is not None:
-            allocate(done)
     return after_chunk
 
 
-class _AllocateAhead:
-    """Local: the blocks of a new file allocated (posix_fallocate) just ahead of a copy into its
-    mapping, ``STEP`` bytes at a time, so that the copy's first chunks are final (and handed
-    to the sync pfs flush) without waiting for the whole file to be allocated. ``cover(end)``:
-    every block before file offset ``end`` exists."""
-    STEP = 4 << 20
+class FileBytes:
+    """Local: the bytes of an open file, read on slicing (``file[lo:hi]``, a uint8 array)."""
 
-    def __init__(self, fd, size, start=0):
-        self.fd, self.size, self.end = fd, size, start
+    def __init__(self, fd, size):
+        self.fd, self.size = fd, size
 
-    def cover(self, end):
-        if end > self.end:
-            end = min(self.size, max(end, self.end + self.STEP))
-            os.posix_fallocate(self.fd, self.end, end - self.end)
-            self.end = end
-
-    def array(self, offset, nbytes, step):
-        """Cover the first copy ``step`` of the array at file ``offset``; return the
-        allocate(done) that covers the step after each chunk."""
-        self.cover(offset + min(nbytes, step))
-        return lambda done: self.cover(offset + min(nbytes, done + step))
+    def __getitem__(self, s):
+        lo, hi, _ = s.indices(self.size)
+        return np.frombuffer(os.pread(self.fd, max(0, hi - lo), lo), np.uint8)
 
 
-def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chunk=None, mappings=None):
+def _write_mapped(fd, size, arrays, layout, chunk, fault, on_written=None, on_chunk=None, mappings=None):
     """write_arrays' "mmap" method: copy and hash in one pass into the mapped file."""
     before = os.fstat(fd)
     os.ftruncate(fd, size)
@@ -444,15 +435,9 @@ def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chu
     # mapped write kills the process with SIGBUS, where fallocate fails with a clean ENOSPC. An
     # overwritten file has them all already up to its old size (and fallocate would walk its
     # pages for nothing): only a tail it grew by is allocated.
-    # With on_chunk (the sync pfs flush writes each chunk as it is copied) a new file's blocks
-    # are allocated chunk by chunk ahead of the copy, so the first chunk goes out sooner.
-    ahead = None
     allocated = before.st_size if before.st_blocks * 512 >= before.st_size else 0
     if allocated < size:
-        if on_chunk is None:
-            os.posix_fallocate(fd, allocated, size - allocated)
-        else:
-            ahead = _AllocateAhead(fd, size, allocated)
+        os.posix_fallocate(fd, allocated, size - allocated)
     # MAP_POPULATE maps every page up front, which costs about what faulting them in during the
     # copy does; with on_chunk (the sync pfs flush writes each chunk as it is copied) the pages
     # are faulted in as copied instead, so the first chunk is handed over without waiting for all
@@ -464,13 +449,10 @@ def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chu
         digests = []
         for i, ((_, array), (_, offset, nbytes)) in enumerate(zip(arrays, layout)):
             src, dst = byte_view(array), file_bytes[offset:offset + nbytes]
-            # a copy step of copy_and_hash is at most max(chunk, one hash block)
-            allocate = ahead.array(offset, nbytes, max(chunk, BLOCK_BYTES)) if ahead is not None else None
-            digests.append(hexdigest_of(copy_and_hash(src, dst, chunk,
-                                                      _chunk_hook(i, src, dst, fault, on_chunk, allocate))))
+            digests.append(hexdigest_of(copy_and_hash(src, dst, chunk, _chunk_hook(i, src, dst, fault, on_chunk))))
             del src, dst
-        if on_mapped is not None:
-            on_mapped(file_bytes)
+        if on_written is not None:
+            on_written(file_bytes)
         del file_bytes
     finally:
         if mappings is None:
@@ -481,11 +463,13 @@ def _write_mapped(fd, size, arrays, layout, chunk, fault, on_mapped=None, on_chu
     return digests
 
 
-def _write_pieces(fd, arrays, layout, chunk, fault):
-    """write_arrays' "pwrite" method: HASH_PIECE system calls, each piece hashed after its write."""
+def _write_pieces(fd, arrays, layout, chunk, fault, on_chunk=None):
+    """write_arrays' "pwrite" method (and "mmap" into a new file): HASH_PIECE system calls, each
+    piece hashed after its write."""
     digests = []
-    for (_, array), (_, offset, nbytes) in zip(arrays, layout):
-        data = memoryview(byte_view(array))   # memoryview slices are the cheapest
+    for i, ((_, array), (_, offset, nbytes)) in enumerate(zip(arrays, layout)):
+        src = byte_view(array)
+        data = memoryview(src)   # memoryview slices are the cheapest
         hasher = new_hasher()
         update = hasher.update
         piece_size = min(chunk, HASH_PIECE)
@@ -497,6 +481,8 @@ def _write_pieces(fd, arrays, layout, chunk, fault):
                 update(piece)   # after the write: the piece is in the CPU cache now
             if fault is not None:
                 fault()
+            if on_chunk is not None:
+                on_chunk(i, None, src[:end])
         digests.append(hasher.hexdigest())
     return digests
 

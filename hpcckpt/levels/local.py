@@ -184,9 +184,9 @@ class LocalCache:
             if digester is not None:
                 digester.chunk(i, final, source)
             if pipe is not None:
-                pipe.write(i, final)
+                pipe.write(i, final if final is not None else source)
 
-        def on_mapped(file_bytes):
+        def on_written(file_bytes):
             if digester is not None:
                 self.block_digests = (step, self.cfg.incremental_block, digester.finish(file_bytes))
             if pipe is not None:
@@ -194,7 +194,7 @@ class LocalCache:
         hooked = digester is not None or pipe is not None
         entries, size = storage.write_arrays(path, arrays, self.cfg.io_chunk, self.cfg.file_mode,
                                              self.cfg.cache_fsync, reuse, fault, self.cfg.write_method,
-                                             on_mapped if hooked else None, on_chunk if hooked else None,
+                                             on_written if hooked else None, on_chunk if hooked else None,
                                              self.mappings)
         table = []
         for (name, array, layout), (_, offset, nbytes, checksum) in zip(items, entries):

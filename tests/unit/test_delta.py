@@ -204,6 +204,6 @@ def test_block_digester_during_the_copy_equals_the_digests_of_the_file(tmp_path,
     got = {}
     path = str(tmp_path / "f.dat")
     storage.write_arrays(path, arrays, 4096 * 5, on_chunk=d.chunk,
-                         on_mapped=lambda file_bytes: got.setdefault("d", d.finish(file_bytes).copy()))
+                         on_written=lambda file_bytes: got.setdefault("d", d.finish(file_bytes).copy()))
     data = np.fromfile(path, np.uint8)
     assert data.size == d.size and d.done.any() and np.array_equal(got["d"], block_digests(data, block))

@@ -197,22 +197,29 @@ def test_a_retired_node_file_of_the_same_layout_is_reused_in_place(tmp_path):
     assert not os.path.exists(tmp_path / "junk.h5")
 
 
-def _piped_write(path, arrays, chunk=1 << 20, handed=None):
+def _piped_write(path, arrays, chunk=1 << 20, handed=None, finals=None):
     """storage.write_arrays with on_chunk (as the sync pfs flush calls it): its entries, and per
-    array the prefix lengths handed over (into ``handed``, when given)."""
+    array the prefix lengths handed over (into ``handed``, when given) and whether each came
+    with the mapped file's bytes (into ``finals``)."""
     handed = {} if handed is None else handed
+    finals = {} if finals is None else finals
 
     def on_chunk(i, final, source):
-        assert not final.flags.writeable and final.nbytes == source.nbytes
-        handed.setdefault(i, []).append(final.nbytes)
+        if final is not None:                   # the mapped file's bytes: read-only, the source's
+            assert not final.flags.writeable and final.nbytes == source.nbytes
+            assert final.tobytes() == source.tobytes()
+        handed.setdefault(i, []).append(source.nbytes)
+        finals.setdefault(i, set()).add(final is not None)
     entries, size = storage.write_arrays(path, arrays, chunk, on_chunk=on_chunk)
     return entries, size, handed
 
 
-def test_a_new_file_written_through_on_chunk_is_allocated_ahead_of_the_copy(tmp_path):
-    """With on_chunk a new file's blocks are allocated a step ahead of the copy, not all at
-    first; the file and the checksums are those of a write without on_chunk, and every array's
-    prefixes grow to its whole size."""
+def test_on_chunk_hands_over_growing_prefixes_of_a_new_file_and_of_an_overwritten_one(tmp_path):
+    """write_arrays' "mmap" method writes a new file with pwrite (on_chunk gets the source's
+    prefixes, no mapped bytes, and nothing is fallocated) and copies into the mapping of an
+    existing one (on_chunk gets the mapped file's final bytes; its blocks, all there, are not
+    allocated again); both give the file and the checksums of a write without on_chunk, and
+    every array's prefixes grow to its whole size."""
     arrays = [("big", aligned(9 * (1 << 20) + 123, seed=4)), ("small", aligned(100, seed=5)),
               ("second", aligned(5 * (1 << 20), seed=6))]
     allocated = []
@@ -221,32 +228,45 @@ def test_a_new_file_written_through_on_chunk_is_allocated_ahead_of_the_copy(tmp_
     def fallocate(fd, offset, length):
         allocated.append((offset, length))
         return real(fd, offset, length)
-    os.posix_fallocate = fallocate
-    try:
-        entries, size, handed = _piped_write(str(tmp_path / "piped"), arrays)
-    finally:
-        os.posix_fallocate = real
     plain, plain_size = storage.write_arrays(str(tmp_path / "plain"), arrays, 1 << 20)
-    assert (entries, size) == (plain, plain_size)
-    assert open(tmp_path / "piped", "rb").read() == open(tmp_path / "plain", "rb").read()
-    assert len(allocated) > 1 and allocated[0] == (0, storage._AllocateAhead.STEP)
-    assert [sum(n for _, n in allocated[:k + 1]) for k in range(len(allocated))][-1] == size   # contiguous, all
-    assert all(o == sum(n for _, n in allocated[:k]) for k, (o, _) in enumerate(allocated))
-    for i, (_, a) in enumerate(arrays):
-        assert handed[i] == sorted(handed[i]) and handed[i][-1] == a.nbytes
-    # an existing file (its blocks all there) is not allocated again
-    allocated.clear()
+    for new in (True, False):                    # the second write goes over the first's file
+        handed, finals = {}, {}
+        os.posix_fallocate = fallocate
+        try:
+            entries, size, handed = _piped_write(str(tmp_path / "piped"), arrays, handed=handed, finals=finals)
+        finally:
+            os.posix_fallocate = real
+        assert (entries, size) == (plain, plain_size) and allocated == []
+        assert open(tmp_path / "piped", "rb").read() == open(tmp_path / "plain", "rb").read()
+        for i, (_, a) in enumerate(arrays):
+            assert handed[i] == sorted(handed[i]) and handed[i][-1] == a.nbytes
+            assert finals[i] == {not new}
+
+
+def test_an_overwritten_file_that_grew_has_only_its_tail_allocated(tmp_path):
+    """Into the mapping of an existing file that the data outgrew, only the grown tail is
+    allocated (a full file system then fails with ENOSPC, never SIGBUS)."""
+    path = str(tmp_path / "f.dat")
+    storage.write_arrays(path, [("x", np.ones(1000))], 4096)
+    allocated = []
+    real = os.posix_fallocate
+
+    def fallocate(fd, offset, length):
+        allocated.append((offset, length))
+        return real(fd, offset, length)
+    data = np.arange(5000.0)
     os.posix_fallocate = fallocate
     try:
-        _piped_write(str(tmp_path / "piped"), arrays)
+        entries, size = storage.write_arrays(path, [("x", data)], 4096)
     finally:
         os.posix_fallocate = real
-    assert allocated == []
+    assert allocated == [(8000, size - 8000)]
+    assert open(path, "rb").read() == data.tobytes()
 
 
 def test_a_full_file_system_in_the_middle_of_a_piped_copy_raises_enospc(tmp_path):
-    """A tmpfs that fills up while a new file is allocated ahead of the copy: ENOSPC is raised
-    from the write (never SIGBUS from a mapped page without a block), after the first chunks were
+    """A tmpfs that fills up while a new file is written and handed over: ENOSPC is raised from
+    the write (never SIGBUS from a mapped page without a block), after the first chunks were
     handed over."""
     import subprocess
     mnt = str(tmp_path / "small")

@@ -123,16 +123,20 @@ def test_write_verify_read_round_trip(tmp_path, chunk, method):
         assert a.tobytes() == o.tobytes()
 
 
+@pytest.mark.parametrize("existing", [False, True])
 @pytest.mark.parametrize("method", WRITE_METHODS)
 @pytest.mark.parametrize("chunk", [4096, 200 << 10, 1 << 20])
-def test_checksum_written_in_pieces_is_the_whole_array_digest(tmp_path, chunk, method):
-    """Writing in chunks (pwrite: each in HASH_PIECE calls hashed after the write; mmap: copied
-    and hashed in one pass) gives the digest of the whole array (sizes that are not multiples of
-    the piece, the block or the chunk included), and the arrays' bytes."""
+def test_checksum_written_in_pieces_is_the_whole_array_digest(tmp_path, chunk, method, existing):
+    """Writing in chunks (pwrite, and mmap into a new file: each in HASH_PIECE calls hashed after
+    the write; mmap over an existing file: copied and hashed in one pass) gives the digest of the
+    whole array (sizes that are not multiples of the piece, the block or the chunk included),
+    and the arrays' bytes."""
     from hpcckpt.codecs.checksum import digest
     rng = np.random.default_rng(2)
     arrays = [("a", rng.integers(0, 255, storage.HASH_PIECE * 3 + 17, dtype=np.uint8)),
               ("b", rng.random(100003)), ("c", np.arange(5, dtype=np.int8))]
+    if existing:
+        (tmp_path / "f.dat").write_bytes(b"x" * 5000)
     entries, size = storage.write_arrays(str(tmp_path / "f.dat"), arrays, chunk, method=method)
     data = (tmp_path / "f.dat").read_bytes()
     assert len(data) == size
@@ -192,7 +196,8 @@ def test_atomic_write_leaves_no_temp(tmp_path):
 
 
 def test_kept_mappings_are_reused_resized_dropped_and_closed(tmp_path):
-    """storage.Mappings: a rewrite of the same file (same size) finds its mapping; another size
+    """storage.Mappings: a new file is written without a mapping (pwrite); the first rewrite maps
+    it and keeps the mapping, the next (same size) finds it; another size
     (shrunk, grown: a state whose arrays change length) resizes it (mremap: the same mapping
     object); one that cannot be resized (a view of it still held) is mapped again; a file
     unlinked meanwhile is dropped at the next write; at most ``limit`` are kept; close() leaves
@@ -201,6 +206,8 @@ def test_kept_mappings_are_reused_resized_dropped_and_closed(tmp_path):
     maps = storage.Mappings(2)
     a, b, c = (str(tmp_path / n) for n in "abc")
     data = [np.full(70000, i, np.uint8) for i in range(4)]
+    storage.write_arrays(a, [("x", data[0])], 4096, mappings=maps)
+    assert maps._maps == {}
     storage.write_arrays(a, [("x", data[0])], 4096, mappings=maps)
     first = maps._maps[next(iter(maps._maps))][2]
     storage.write_arrays(a, [("x", data[1])], 4096, mappings=maps)
@@ -216,9 +223,11 @@ def test_kept_mappings_are_reused_resized_dropped_and_closed(tmp_path):
     storage.write_arrays(a, [("x", data[2][:6000])], 4096, mappings=maps)
     assert maps._maps[next(iter(maps._maps))][2] is not first and open(a, "rb").read() == data[2][:6000].tobytes()
     del held, first                 # (the closed mapping keeps its descriptor until collected)
-    storage.write_arrays(b, [("x", data[3])], 4096, mappings=maps)
+    for _ in range(2):
+        storage.write_arrays(b, [("x", data[3])], 4096, mappings=maps)
     os.unlink(a)
-    storage.write_arrays(c, [("x", data[3])], 4096, mappings=maps)          # a's is dropped, not evicted
+    for _ in range(2):
+        storage.write_arrays(c, [("x", data[3])], 4096, mappings=maps)      # a's is dropped, not evicted
     assert len(maps._maps) == 2
     fd = os.open(c, os.O_RDONLY)
     try:
