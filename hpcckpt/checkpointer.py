@@ -499,7 +499,7 @@ class Checkpointer:
                    or spec.flush and (self.config.async_flush or self.config.background)) and self._threads_ok()
         later_redundancy = spec.redundant and self.config.background and threads
         # a sync pfs step with pfs_direct_io: the pfs files are laid out first, filled while the cache copy is made
-        early_flush = spec.flush and not threads and self.config.direct_io and self.config.write_method == "mmap"
+        early_flush = spec.flush and not threads and self.config.direct_io
         pending = None
         try:
             manifest, nbytes, seconds, pending = self._write_and_commit(step, level, ckpt_id, state, t0,
@@ -568,6 +568,8 @@ class Checkpointer:
             # 2-3. write this rank's data, then agree that every rank did (and that replicated
             # values are equal everywhere: the min and max of their digest, in the same reduction)
             with Collective(self._comm, f"writing checkpoint {step}") as c:
+                if pending is not None:
+                    pending.check()         # the pfs node file could not be laid out: nothing is written
                 if items is None:
                     items, replicated_items = self._items(state)
                 try:

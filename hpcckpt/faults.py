@@ -10,7 +10,10 @@ rounds; also fires when a rebuild resends partner copies), ``background`` (with 
 in the background thread, before the redundancy is written), ``commit`` (before this rank's manifest is written), ``committed`` (after it,
 before the final agreement), ``retire`` (while removing an old checkpoint), ``rebuild`` (partner/xor/rs: on a rank being
 rebuilt, before it writes what it receives), ``restore``
-(half-way through filling the arrays), ``recover`` (hpcckpt.online: on worker RANK during an online
+(half-way through filling the arrays), ``pfs-layout`` (pfs: on a node's aggregator, before it lays
+out its node file), ``pfs-write`` (pfs: half-way through a rank's writes into its node file),
+``pfs-written`` (pfs: once its node file's bytes are written), ``pfs-commit``, ``pfs-renamed``
+(pfs, rank 0: before it renames the step into place; after the rename, before the marker), ``recover`` (hpcckpt.online: on worker RANK during an online
 recovery, right after the shrink; a spare has no RANK), ``spare`` (hpcckpt.online: on the spare whose
 original rank is RANK, as it starts waiting).
 

@@ -239,6 +239,11 @@ def open_direct(path):
         raise
 
 
+def aligned_buffer(nbytes):
+    """Local: a uint8 buffer of ``nbytes`` whose address is page-aligned (anonymous memory)."""
+    return np.frombuffer(mmap.mmap(-1, nbytes), np.uint8)
+
+
 def direct_bytes(view, offset):
     """Local: how many leading bytes of ``view`` (uint8) may go to ``offset`` with direct I/O: 0
     unless its address and the offset are DIRECT_ALIGN-aligned, else its length rounded down."""
@@ -247,18 +252,28 @@ def direct_bytes(view, offset):
     return view.nbytes // DIRECT_ALIGN * DIRECT_ALIGN
 
 
-def write_pieces_at(fd, direct_fd, view, offset, piece, fault=None):
+def write_pieces_at(fd, direct_fd, view, offset, piece, fault=None, bounce=None):
     """Local: write ``view`` (uint8) at ``offset`` in system calls of ``piece`` bytes: its aligned
     part through ``direct_fd`` (the file opened with open_direct, or None), the rest through
-    ``fd`` with early writeback (start_writeback). Returns ``direct_fd``, or None after closing it
-    when the file system refused a direct write (EINVAL): the rest goes through ``fd``.
-    ``fault()``, a test hook, is called after each piece."""
+    ``fd`` with early writeback (start_writeback). ``bounce``: a DIRECT_ALIGN-aligned uint8
+    buffer through which a view whose address is not aligned (an application's array) still
+    goes with direct I/O, a ``bounce``-sized piece at a time. Returns ``direct_fd``, or None after
+    closing it when the file system refused a direct write (EINVAL): the rest goes through
+    ``fd``. ``fault()``, a test hook, is called after each piece."""
     start = 0
     direct = direct_bytes(view, offset) if direct_fd is not None else 0
+    staged = (not direct and direct_fd is not None and bounce is not None and view.nbytes >= DIRECT_ALIGN
+              and offset % DIRECT_ALIGN == 0)
+    if staged:
+        direct, piece = view.nbytes // DIRECT_ALIGN * DIRECT_ALIGN, min(piece, bounce.nbytes)
     while start < direct:
         end = min(start + piece, direct)
+        src = view[start:end]
+        if staged:
+            src = bounce[:end - start]
+            np.copyto(src, view[start:end])
         try:
-            n = os.pwrite(direct_fd, view[start:end], offset + start)
+            n = os.pwrite(direct_fd, src, offset + start)
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise

@@ -130,6 +130,7 @@ class PfsStore:
         self.is_aggregator = self.node_comm.rank == 0
         self.root = os.path.abspath(os.path.join(cfg.pfs_dir, cfg.name))
         self.chunk = int(cfg.io_chunk)
+        self._bounce = None       # NodeWriter's aligned buffer for direct writes of arrays' bytes (kept: touched once)
         self.max_index = max_index_bytes(self.size)
         self.trash = os.path.join(self.root, TRASH)
         self._deleter = storage.Deleter("hpcckpt-pfs-remove")
@@ -189,64 +190,86 @@ class PfsStore:
 
     def begin(self, step, ckpt_id, items, *, epoch=1, state_keys=None):
         """Collective: the first half of save(): check every rank's ``items`` and build the index
-        (rank 0), create the temporary step directory, lay out the node files; returns the
-        PendingStep. Items may come without checksums (None): then their bytes may be handed to
-        ``PendingStep.write`` while the cache write hashes them, and finish() gets the checksums."""
-        with Collective(self.comm, f"pfs checkpoint of step {step}"):
-            if self.rank == 0 and not os.path.isdir(self.root):
-                self._recreate_root()
-            meta = self._describe_items(step, ckpt_id, items)
+        (rank 0, which creates the temporary step directory in the same agreement), lay out the
+        node files; returns the PendingStep. Items may come without checksums (None): then their
+        bytes may be handed to ``PendingStep.write`` while the cache write hashes them, and
+        finish() gets the checksums.
+
+        A node file that cannot be laid out is not agreed on here, so that no rank waits for the
+        slowest node's file before its bytes go out: the error is the PendingStep's, raised by
+        ``PendingStep.check()`` in the next agreement (finish()'s first; the cache write's, when
+        it hands the bytes over), and the node's ranks write nothing meanwhile."""
+        try:
+            meta, error = self._describe_items(step, ckpt_id, items), None
+        except BaseException as e:  # noqa: BLE001 - raised in the agreement below, after the gathers
+            meta, error = None, e
         node_meta = self.node_comm.gather(meta, root=0)
         everyone = self.comm.gather((meta, state_keys or {}), root=0)
-        with Collective(self.comm, f"pfs checkpoint of step {step}: checking the arrays of every rank"):
-            index = node_index = None
-            if self.rank == 0:
-                index = self._build_index(step, ckpt_id, epoch, [m for m, _ in everyone],
-                                          [k for _, k in everyone])
-            if self.is_aggregator:
-                metas = [None] * self.size
-                for r, m in zip(self.node_ranks, node_meta):
-                    metas[r] = m
-                node_index = self._index(step, ckpt_id, epoch, _entries(metas, self.size, partial=True), {})
-        del everyone, node_meta
         mine = [it for it in items if it.layout.kind not in SHARED_LAYOUTS or self.rank == 0]
-        piece = max(self.chunk, WRITE_PIECE)
-        pending = PendingStep(step, self._tmp_dir(step, ckpt_id), index, sum(it.array.nbytes for it in mine),
+        pending = PendingStep(step, self._tmp_dir(step, ckpt_id), None, sum(it.array.nbytes for it in mine),
                               all(it.checksum is not None for it in items))
+        node_index = None
         try:
-            with Collective(self.comm, f"pfs checkpoint of step {step}: creating {pending.tmp}"):
-                if self.rank == 0:
-                    try:
-                        if os.path.lexists(pending.tmp):
-                            shutil.rmtree(pending.tmp)
-                        os.mkdir(pending.tmp, self.cfg.dir_mode)
-                    except OSError as e:
-                        raise CheckpointWriteError(f"cannot create {e.filename or pending.tmp}: {e.strerror}") from e
-            path = os.path.join(pending.tmp, lay.node_file(self.node))
-            offsets = None
-            with Collective(self.comm, f"pfs checkpoint of step {step}: laying out the node files"):
-                if self.is_aggregator:
-                    try:
-                        offsets = self._reuse_spare(path, node_index)
-                        if offsets is None:
-                            offsets = files.create_node_file(path, node_index, self.node, self.node_ranks,
-                                                             self.cfg.file_mode)
-                    except OSError as e:
-                        raise CheckpointWriteError(f"cannot create {e.filename or path}: "
-                                                   f"{' '.join(str(e.strerror or e).split())}") from e
-            if self.is_aggregator:
-                pending.data_ranges = [(off, node_index.entry(name).nbytes(r)) for (r, name), off in offsets.items()
-                                       if off is not None]
-            offsets = self.node_comm.bcast(offsets, root=0)
-            pieces = sum(-(-it.array.nbytes // piece) for it in mine)
-            fault = faults.HalfWay("pfs-write", self.rank, step, max(1, pieces // 2)) if faults.active() else None
-            targets = {i: (offsets[(self.rank, it.name)], it.array.nbytes) for i, it in enumerate(items)
-                       if (self.rank, it.name) in offsets}
-            pending.writer = NodeWriter(path, targets, piece, self.cfg.direct_io, fault)
+            with Collective(self.comm, f"pfs checkpoint of step {step}: checking the arrays of every rank"):
+                if error is not None:
+                    raise error
+                if self.rank == 0 and all(m is not None for m, _ in everyone):   # else a rank raised
+                    pending.index = self._build_index(step, ckpt_id, epoch, [m for m, _ in everyone],
+                                                      [k for _, k in everyone])
+                    self._create_tmp_dir(pending.tmp)
+                if self.is_aggregator and all(m is not None for m in node_meta):
+                    metas = [None] * self.size
+                    for r, m in zip(self.node_ranks, node_meta):
+                        metas[r] = m
+                    node_index = self._index(step, ckpt_id, epoch, _entries(metas, self.size, partial=True), {})
         except HpcCkptError:
             self.abandon(pending)
             raise
+        del everyone, node_meta
+        path = os.path.join(pending.tmp, lay.node_file(self.node))
+        offsets = None
+        if self.is_aggregator:
+            try:
+                offsets = self._lay_out_node_file(path, node_index)
+            except BaseException as e:  # noqa: BLE001 - PendingStep.check() raises it in the next agreement
+                pending.error = e
+        offsets = self.node_comm.bcast(offsets, root=0)       # None: the aggregator failed; nothing to write
+        if self.is_aggregator and offsets is not None:
+            pending.data_ranges = [(off, node_index.entry(name).nbytes(r)) for (r, name), off in offsets.items()
+                                   if off is not None]
+        piece = max(self.chunk, WRITE_PIECE)
+        pieces = sum(-(-it.array.nbytes // piece) for it in mine)
+        fault = faults.HalfWay("pfs-write", self.rank, step, max(1, pieces // 2)) if faults.active() else None
+        targets = {i: (offsets[(self.rank, it.name)], it.array.nbytes) for i, it in enumerate(items)
+                   if offsets is not None and (self.rank, it.name) in offsets}
+        if self.cfg.direct_io and (self._bounce is None or self._bounce.nbytes < piece):
+            self._bounce = storage.aligned_buffer(piece)
+        pending.writer = NodeWriter(path, targets, piece, self.cfg.direct_io, fault, self._bounce)
         return pending
+
+    def _create_tmp_dir(self, tmp):
+        """Local (rank 0): the step's temporary directory, created anew."""
+        try:
+            if not os.path.isdir(self.root):
+                self._recreate_root()
+            if os.path.lexists(tmp):
+                shutil.rmtree(tmp)
+            os.mkdir(tmp, self.cfg.dir_mode)
+        except OSError as e:
+            raise CheckpointWriteError(f"cannot create {e.filename or tmp}: {e.strerror}") from e
+
+    def _lay_out_node_file(self, path, node_index):
+        """Local (aggregator): this node's file of the step, the spare overwritten (reuse_files)
+        or a new one; its {(rank, array name): offset of the dataset's bytes}."""
+        try:
+            faults.hit("pfs-layout", self.rank, node_index.step)
+            offsets = self._reuse_spare(path, node_index)
+            if offsets is None:
+                offsets = files.create_node_file(path, node_index, self.node, self.node_ranks, self.cfg.file_mode)
+            return offsets
+        except OSError as e:
+            raise CheckpointWriteError(f"cannot create {e.filename or path}: "
+                                       f"{' '.join(str(e.strerror or e).split())}") from e
 
     def _reuse_spare(self, path, node_index):
         """Local (aggregator): with ``reuse_files``, move this node's spare (a retired node file)
@@ -299,6 +322,7 @@ class PfsStore:
         try:
             size = None
             with Collective(self.comm, f"writing pfs checkpoint {step}"):
+                pending.check()
                 try:
                     size = self._write_node(pending, items)
                     faults.hit("pfs-written", self.rank, step)
@@ -821,11 +845,18 @@ class PendingStep:
     checksums_known: bool
     writer: "NodeWriter" = None
     data_ranges: list = None      # the aggregator's: (offset, nbytes) of each dataset's bytes in the node file
+    error: BaseException = None   # the aggregator's: why its node file could not be laid out
 
-    def write(self, i, final, source=None):
+    def check(self):
+        """Local, inside an agreement: raise the error that kept this node's file from being laid out."""
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def write(self, i, final):
         """Local: ``final`` is a prefix of item ``i``'s bytes that will not change (the cache
-        write's on_chunk; ``source``, the same bytes in the array, is not needed): it goes to
-        the node file while the rest is copied."""
+        write's on_chunk: the bytes in the mapped cache file, or in the array while a new cache
+        file is written): it goes to the node file while the rest is written."""
         self.writer.write(i, final, early=True)
 
     def drain(self):
@@ -843,8 +874,9 @@ class NodeWriter:
     ``direct`` (storage.write_pieces_at). ``close()`` waits for what was handed over and returns
     the first error (an exception, or None); handing over more starts the thread again."""
 
-    def __init__(self, path, targets, piece, direct, fault=None):
+    def __init__(self, path, targets, piece, direct, fault=None, bounce=None):
         self.path, self.targets, self.piece, self.direct, self.fault = path, targets, piece, direct, fault
+        self.bounce = bounce      # for bytes whose address is not aligned (storage.write_pieces_at)
         self.given = {}               # item number -> bytes handed over so far
         self.error = None
         self._queue = self._thread = None
@@ -883,7 +915,7 @@ class NodeWriter:
             direct = storage.open_direct(self.path) if self.direct else None
             while (job := self._queue.get()) is not None:
                 if self.error is None:
-                    direct = storage.write_pieces_at(fd, direct, job[0], job[1], self.piece, self.fault)
+                    direct = storage.write_pieces_at(fd, direct, job[0], job[1], self.piece, self.fault, self.bounce)
                 del job
         except BaseException as e:   # noqa: BLE001 - close() hands it to the caller (a test fault's exit too)
             self.error = self.error or e

@@ -287,3 +287,36 @@ def test_pfs_restart_from_overwritten_files_is_bitwise(shm_dir, tmp_path, refere
     res = app(4, shm_dir, "--level", "pfs", "--out", tmp_path / "out", env={"HPCCKPT_LOG_LEVEL": "INFO"})
     assert restart_step(res) == 19 and "from pfs" in res.stderr
     assert outputs(tmp_path / "out") == reference
+
+
+@pytest.mark.parametrize("action", ["error", "interrupt"])
+def test_a_node_file_that_cannot_be_laid_out_fails_the_sync_step_on_every_rank_before_it_commits(
+        action, shm_dir, tmp_path, reference):
+    """Sync pfs steps with new files (the node files laid out before the cache write, which
+    hands them the bytes): node 1's aggregator (rank 2) fails to lay out its node file at step
+    4. Nothing waits for it in begin(); its error is raised in the cache write's agreement, so
+    every rank raises there (the CheckpointWriteError of rank 2; a KeyboardInterrupt there is
+    rank 2's, a CollectiveError on the others), step 4 is committed nowhere (no manifest in any
+    cache, no pfs step, no temporary directory left), the job goes on, and its pfs steps restore
+    bitwise once every cache is lost."""
+    cfg = {"reuse_files": False}
+    res = app(4, shm_dir, "--level", "pfs", "--tolerate-write-errors", config=cfg, expect_ok=action == "error",
+              env={"_HPCCKPT_FAULT": f"pfs-layout:2:4:{action}"})
+    if action == "error":
+        fails = res.lines("CKPTFAIL")
+        assert sorted(f.split()[2] for f in fails) == [f"rank={r}" for r in range(4)], str(res)
+        assert all(f.startswith("4 CheckpointWriteError ") and "writing checkpoint 4 failed on rank 2: cannot create"
+                   in f and "(injected fault)" in f for f in fails), str(res)
+    else:   # rank 2 ends the job with its KeyboardInterrupt; the others had raised a CollectiveError
+        assert "KeyboardInterrupt: injected at pfs-layout" in res.stderr, str(res)
+        fails = res.lines("CKPTFAIL")
+        assert fails and all(f.startswith("4 CollectiveError ") and "failed on rank 2" in f for f in fails), str(res)
+    manifests = glob.glob(os.path.join(shm_dir, "node*", "app", "step_0000000004", "*.json"))
+    assert manifests == [], manifests
+    pfs_root = os.path.join(shm_dir, "pfs", "app")
+    assert not glob.glob(os.path.join(pfs_root, "step_0000000004*")), os.listdir(pfs_root)
+    if action == "error":
+        lose_every_cache(shm_dir)
+        res = app(4, shm_dir, "--level", "pfs", "--out", tmp_path / "out", config=cfg)
+        assert restart_step(res) == 19
+        assert outputs(tmp_path / "out") == reference

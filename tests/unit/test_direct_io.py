@@ -67,6 +67,35 @@ def test_write_pieces_at_writes_exactly_the_bytes(tmp_path, nbytes, misalign, of
     assert data[:offset] == bytes(offset) and data[offset + nbytes:] == bytes(50)
 
 
+@pytest.mark.parametrize("misalign", [8, 1000])
+def test_memory_not_aligned_goes_direct_through_a_bounce_buffer(tmp_path, monkeypatch, misalign):
+    """With ``bounce`` (an aligned buffer smaller than the piece), bytes at an address direct I/O
+    cannot take (an application's array) are copied through it and written with direct I/O, a
+    bounce at a time; the tail shorter than a block goes through the page cache."""
+    view = aligned(7 * A + 123, misalign, seed=9)
+    path = str(tmp_path / "f")
+    offset = 2 * A
+    fd = file_of(path, offset + view.nbytes)
+    direct = storage.open_direct(path)
+    if direct is None:
+        pytest.skip("no O_DIRECT here")
+    real, calls = os.pwrite, []
+
+    def pwrite(f, data, at):
+        calls.append((f == direct, at, memoryview(data).nbytes))
+        return real(f, data, at)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    try:
+        assert storage.write_pieces_at(fd, direct, view, offset, 4 * A, bounce=storage.aligned_buffer(3 * A)) is direct
+    finally:
+        monkeypatch.undo()
+        os.close(fd)
+        os.close(direct)
+    assert calls[:3] == [(True, offset, 3 * A), (True, offset + 3 * A, 3 * A), (True, offset + 6 * A, A)]
+    assert all(not d for d, _, _ in calls[3:]) and sum(n for _, _, n in calls[3:]) == 123
+    assert open(path, "rb").read()[offset:] == view.tobytes()
+
+
 def test_direct_bytes_is_the_aligned_prefix():
     view = aligned(3 * A + 5)
     assert storage.direct_bytes(view, 0) == 3 * A
