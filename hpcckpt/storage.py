@@ -376,8 +376,9 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
 
     ``arrays`` is a list of (name, array). ``method`` "mmap" copies each array into the file
     mapped in memory and hashes it in the same pass (codecs.xxh3), except into a new (empty)
-    file, which it writes as "pwrite" does (on tmpfs a write() into new pages costs about half
-    what faulting them into a mapping, then unmapping them, does); "pwrite" writes each ``chunk``
+    file whose mapping is not to be kept (no ``mappings``), which it writes as "pwrite" does (on
+    tmpfs a write() into new pages costs about half what faulting them into a mapping, then
+    unmapping them, does); "pwrite" writes each ``chunk``
     in HASH_PIECE system calls, hashing each piece just after it is written. If ``reuse`` names an
     existing file, it is renamed to ``path`` and overwritten in place (much faster than a new file
     on tmpfs). Returns a list of (name, offset, nbytes, checksum hex) and the file size.
@@ -401,7 +402,7 @@ def write_arrays(path, arrays, chunk, mode=0o600, fsync=False, reuse=None, fault
     layout, size = file_layout(arrays)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, mode)
     try:
-        if method == "mmap" and size and _CAN_MAP and os.fstat(fd).st_size:
+        if method == "mmap" and size and _CAN_MAP and (mappings is not None or os.fstat(fd).st_size):
             digests = _write_mapped(fd, size, arrays, layout, chunk, fault, on_written, on_chunk, mappings)
         else:
             digests = _write_pieces(fd, arrays, layout, chunk, fault, on_chunk)
@@ -479,8 +480,8 @@ def _write_mapped(fd, size, arrays, layout, chunk, fault, on_written=None, on_ch
 
 
 def _write_pieces(fd, arrays, layout, chunk, fault, on_chunk=None):
-    """write_arrays' "pwrite" method (and "mmap" into a new file): HASH_PIECE system calls, each
-    piece hashed after its write."""
+    """write_arrays' "pwrite" method (and "mmap" into a new file it keeps no mapping of):
+    HASH_PIECE system calls, each piece hashed after its write."""
     digests = []
     for i, ((_, array), (_, offset, nbytes)) in enumerate(zip(arrays, layout)):
         src = byte_view(array)

@@ -870,9 +870,10 @@ class PendingStep:
 
 class NodeWriter:
     """Local: one rank's writes into its node file, in a thread of their own. ``targets``:
-    {item number: (file offset, nbytes)}. Large aligned parts go with direct I/O when
-    ``direct`` (storage.write_pieces_at). ``close()`` waits for what was handed over and returns
-    the first error (an exception, or None); handing over more starts the thread again."""
+    {item number: (file offset, nbytes)}. Large parts go with direct I/O when ``direct``: from
+    their own memory when it is aligned, else through ``bounce`` (storage.write_pieces_at).
+    ``close()`` waits for what was handed over and returns the first error (an exception, or
+    None); handing over more starts the thread again."""
 
     def __init__(self, path, targets, piece, direct, fault=None, bounce=None):
         self.path, self.targets, self.piece, self.direct, self.fault = path, targets, piece, direct, fault

@@ -196,8 +196,7 @@ def test_atomic_write_leaves_no_temp(tmp_path):
 
 
 def test_kept_mappings_are_reused_resized_dropped_and_closed(tmp_path):
-    """storage.Mappings: a new file is written without a mapping (pwrite); the first rewrite maps
-    it and keeps the mapping, the next (same size) finds it; another size
+    """storage.Mappings: a rewrite of the same file (same size) finds its mapping; another size
     (shrunk, grown: a state whose arrays change length) resizes it (mremap: the same mapping
     object); one that cannot be resized (a view of it still held) is mapped again; a file
     unlinked meanwhile is dropped at the next write; at most ``limit`` are kept; close() leaves
@@ -206,8 +205,6 @@ def test_kept_mappings_are_reused_resized_dropped_and_closed(tmp_path):
     maps = storage.Mappings(2)
     a, b, c = (str(tmp_path / n) for n in "abc")
     data = [np.full(70000, i, np.uint8) for i in range(4)]
-    storage.write_arrays(a, [("x", data[0])], 4096, mappings=maps)
-    assert maps._maps == {}
     storage.write_arrays(a, [("x", data[0])], 4096, mappings=maps)
     first = maps._maps[next(iter(maps._maps))][2]
     storage.write_arrays(a, [("x", data[1])], 4096, mappings=maps)
@@ -223,11 +220,9 @@ def test_kept_mappings_are_reused_resized_dropped_and_closed(tmp_path):
     storage.write_arrays(a, [("x", data[2][:6000])], 4096, mappings=maps)
     assert maps._maps[next(iter(maps._maps))][2] is not first and open(a, "rb").read() == data[2][:6000].tobytes()
     del held, first                 # (the closed mapping keeps its descriptor until collected)
-    for _ in range(2):
-        storage.write_arrays(b, [("x", data[3])], 4096, mappings=maps)
+    storage.write_arrays(b, [("x", data[3])], 4096, mappings=maps)
     os.unlink(a)
-    for _ in range(2):
-        storage.write_arrays(c, [("x", data[3])], 4096, mappings=maps)      # a's is dropped, not evicted
+    storage.write_arrays(c, [("x", data[3])], 4096, mappings=maps)          # a's is dropped, not evicted
     assert len(maps._maps) == 2
     fd = os.open(c, os.O_RDONLY)
     try:
