@@ -73,7 +73,8 @@ def test_no_checkpoint_returns_none_and_leaves_arrays(shm_dir):
 def test_retention_keeps_newest_two_and_a_spare_until_close(shm_dir):
     """keep = 2 and, while the job runs, one retired data file per rank to overwrite (reuse_files);
     close() removes the spares (a finished job keeps no checkpoint's worth of node memory)."""
-    app(4, shm_dir, "--crash-at", 17, "--crash-rank", 0, rpn=2, expect_rc="nonzero")   # steps 4, 9, 14
+    # steps 4, 9, 14; the crash once every rank has retired step 4 (it moves the data files to spare/)
+    app(4, shm_dir, "--crash-at", 17, "--crash-rank", 0, "--crash-sync", rpn=2, expect_rc="nonzero")
     steps = sorted(os.path.basename(p) for p in glob.glob(os.path.join(shm_dir, "node0", "app", "step_*")))
     assert steps == ["step_0000000009", "step_0000000014"]
     assert len(glob.glob(os.path.join(shm_dir, "node*", "app", "spare", "rank_*.dat"))) == 4

@@ -206,7 +206,7 @@ def test_retired_node_files_are_overwritten_and_removed_at_close(shm_dir, tmp_pa
     checkpoint; the restart is bitwise; close() removes them. A spare the relaunch did not write
     (left by the crash; here also of another layout: larger arrays) is not reused: a new file
     is made."""
-    res = app(4, shm_dir, "--level", "pfs", "--steps", 30, "--crash-at", 27, expect_ok=False,
+    res = app(4, shm_dir, "--level", "pfs", "--steps", 30, "--crash-at", 27, "--crash-sync", expect_ok=False,
               env={"HPCCKPT_LOG_LEVEL": "DEBUG"})
     overwritten = [ln for ln in res.stderr.splitlines() if "overwriting the retired node file" in ln]
     assert len(overwritten) >= 2 * 2, str(res)        # both aggregators, from the 4th pfs step on

@@ -4,6 +4,7 @@ Every rank owns arrays of a rank-dependent size; each step updates them determin
 restarted run ends bitwise equal to a failure-free run. Options:
   --cache DIR --name NAME --steps N --every K (checkpoint every K steps at --level)
   --crash-at S --crash-rank R     SIGKILL rank R right after step S's update
+  --crash-sync                    ... after a barrier of every rank (each is done with the checkpoints before)
   --out DIR                       write the final arrays as rank_<r>_<name>.npy
   --uneven                        ranks protect different amounts of data
   --no-restart                    do not call restart()
@@ -31,6 +32,7 @@ p.add_argument("--every", type=int, default=5)
 p.add_argument("--level", default="local")
 p.add_argument("--crash-at", type=int, default=-1)
 p.add_argument("--crash-rank", type=int, default=0)
+p.add_argument("--crash-sync", action="store_true")
 p.add_argument("--out", default=None)
 p.add_argument("--n", type=int, default=1000)
 p.add_argument("--uneven", action="store_true")
@@ -102,6 +104,8 @@ try:  # an error hpcckpt raised on every rank leaves the block on every rank (no
             u += np.sin(u[: 1]) + step
             grid += step % 7 + rank
             it[...] = step
+            if step == a.crash_at and a.crash_sync:
+                comm.Barrier()
             if step == a.crash_at and rank == a.crash_rank:
                 os.kill(os.getpid(), signal.SIGKILL)
             if step == a.signal_at and rank == min(1, comm.size - 1):
