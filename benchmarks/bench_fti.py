@@ -3,7 +3,7 @@ figures come from (../shared/ANCHORS.md measured them this way on 2026-12-03).
 
     python benchmarks/bench_fti.py --fti-prefix DIR | --fti-src DIR
                                    [--grid 4x64] [--levels local,partner,rs,pfs]
-                                   [--rounds 3] [--reps 3] [--quick] [--out FILE]
+                                   [--rounds 3] [--reps 3] [--gap SECONDS] [--quick] [--out FILE]
     (--quick: grid 4x16, 1 round, 2 repetitions)
 
 Optional (not in the default suite: it needs FTI, which is not on PyPI): ``python -m benchmarks
@@ -28,6 +28,12 @@ samples; aggregate MiB/s = ranks x MiB per rank / seconds; ``x_fti`` = hpcckpt /
 done by hand (common.disk_new_files: new files written with direct I/O, the previous one removed,
 back to back); for pfs, ``disk_new_files_x_fti`` = that limit / FTI L4 (the most any writer of
 new files reaches against FTI here) and ``new_files_of_disk_new_files`` = pfs with new files / it.
+``--gap SECONDS`` (default 0: back to back): both libraries idle that long after every checkpoint
+(warm-ups included), and so does the disk_new_files limit after each of its steps, as an
+application computes between checkpoints: file removals (FTI's of its previous checkpoint, the
+levels' of retired steps) are device work on a file system mounted with ``discard``, and then run
+in the gap instead of in the next checkpoint. Its JSON is results/fti_gap.json (report.py reads
+it beside fti.json).
 """
 import json
 import os
@@ -111,7 +117,7 @@ def compile_driver(prefix, outdir):
     return exe
 
 
-def run_fti(driver, ranks, mib, reps, levels):
+def run_fti(driver, ranks, mib, reps, levels, gap):
     """One FTI job; {FTI level: [seconds of each timed checkpoint]} (its warm-up dropped)."""
     shm = tempfile.mkdtemp(prefix="hpcckpt-bench-fti-", dir=SHM)
     disk = tempfile.mkdtemp(prefix="hpcckpt-bench-fti-", dir=DISK)
@@ -121,7 +127,7 @@ def run_fti(driver, ranks, mib, reps, levels):
             os.makedirs(d)
         config = os.path.join(disk, "config.fti")     # FTI writes into it (the execution id)
         fti_config(config, *dirs)
-        out = run_mpi(ranks, [driver, config, str(mib), str(reps + 1), *map(str, levels)],
+        out = run_mpi(ranks, [driver, config, str(mib), str(reps + 1), str(gap), *map(str, levels)],
                       timeout=1800, executable=None)
         return {int(k): v[1:] for k, v in result_line(out).items()}
     finally:
@@ -129,12 +135,12 @@ def run_fti(driver, ranks, mib, reps, levels):
         shutil.rmtree(disk, ignore_errors=True)
 
 
-def run_hpcckpt(ranks, mib, reps, levels):
+def run_hpcckpt(ranks, mib, reps, levels, gap):
     """bench_levels.py for one cell: ({level: (samples reuse_files true, samples new files)},
     samples of its disk_new_files limit)."""
     with tempfile.TemporaryDirectory(prefix="hpcckpt-bench-fti-") as tmp:
         path = bench_levels.main(["--grid", f"{ranks}x{mib}", "--levels", ",".join(levels), "--reps", str(reps),
-                                  "--out", os.path.join(tmp, "levels.json")])
+                                  "--gap", str(gap), "--out", os.path.join(tmp, "levels.json")])
         with open(path) as f:
             row = json.load(f)["rows"][0]
     return ({lv: (row["levels"][lv]["samples"]["checkpoint"], row["levels"][lv]["new_files"]["samples"]["checkpoint"])
@@ -149,7 +155,11 @@ def main(argv=None):
     p.add_argument("--levels", default=",".join(LEVELS), help="hpcckpt levels: local, partner, xor, rs, pfs")
     p.add_argument("--rounds", type=int, default=None, help="FTI, then hpcckpt, this many times (default 3)")
     p.add_argument("--reps", type=int, default=None, help="timed checkpoints per level and round (default 3)")
+    p.add_argument("--gap", type=float, default=0.0,
+                   help="seconds both idle after each checkpoint, as an application computes (default 0)")
     a = p.parse_args(argv)
+    if a.gap < 0:
+        p.error("--gap must be at least 0")
     levels = [lv.strip() for lv in a.levels.split(",") if lv.strip()]
     unknown = [lv for lv in levels if lv not in FTI_LEVEL]
     if unknown or not levels:
@@ -170,10 +180,10 @@ def main(argv=None):
         for rnd in range(1, rounds + 1):
             for ranks, mib in cells:
                 say(f"round {rnd}/{rounds}, {ranks} x {mib} MiB: FTI levels {fti_levels}")
-                for lv, secs in run_fti(driver, ranks, mib, reps, fti_levels).items():
+                for lv, secs in run_fti(driver, ranks, mib, reps, fti_levels, a.gap).items():
                     samples[(ranks, mib)]["fti"][lv] += secs
                 say(f"round {rnd}/{rounds}, {ranks} x {mib} MiB: hpcckpt {', '.join(levels)}")
-                ours, floor = run_hpcckpt(ranks, mib, reps, levels)
+                ours, floor = run_hpcckpt(ranks, mib, reps, levels, a.gap)
                 for lv, (reuse, new) in ours.items():
                     samples[(ranks, mib)]["reuse"][lv] += reuse
                     samples[(ranks, mib)]["new"][lv] += new
@@ -202,7 +212,7 @@ def main(argv=None):
         row["samples_s"] = {"fti": {f"L{k}": v for k, v in s["fti"].items()}, "hpcckpt": s["reuse"],
                             "hpcckpt_new_files": s["new"], "disk_new_files": s["disk_new_files"]}
         rows.append(row)
-    path = write_json("fti", {"command": command("bench_fti.py", argv), "rounds": rounds, "reps": reps,
+    path = write_json("fti_gap" if a.gap > 0 else "fti", {"command": command("bench_fti.py", argv), "rounds": rounds, "reps": reps, "gap_s": a.gap,
                               "fti_prefix": prefix, "rows": rows}, a.out)
     say(f"wrote {path}")
     return path

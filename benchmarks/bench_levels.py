@@ -3,7 +3,7 @@ same job, on 2, 4 and 8 ranks and 16-512 MiB per rank, with reuse_files true (th
 false (new files at every checkpoint, as FTI writes them).
 
     python benchmarks/bench_levels.py [--grid 4x64,4x256,...] [--levels local,partner,xor,rs,pfs]
-                                      [--reps 3] [--no-new-files] [--quick] [--out FILE]
+                                      [--reps 3] [--no-new-files] [--gap SECONDS] [--quick] [--out FILE]
     (--quick: grid 4x16 and 2 repetitions; every level, both passes and every limit still measured)
 
 One mpiexec job per (ranks, MiB per rank). Each job first measures, every rank at once, the
@@ -25,10 +25,15 @@ group_size 4, rs_parity 2 (with 2 ranks the group is 2 ranks, so rs uses 1 parit
 disk (/tmp). Time = slowest rank between barriers; aggregate = ranks x bytes per rank / time;
 medians. At 4 ranks and 64 / 256 MiB, ``x_fti`` and ``x_fti_new_files`` = the checkpoint
 bandwidth of pass 1 / pass 2 over FTI's (common.FTI_MIB_S).
+``--gap SECONDS`` (default 0: back to back): every rank idles that long after each checkpoint,
+warm-ups included, and after each step of the disk_new_files limit, as an application computes
+between checkpoints; what a level leaves to run in the background (the removal of retired files)
+then runs in the gap instead of in the next checkpoint. Restarts are timed back to back either way.
 """
 import os
 import shutil
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (FTI_MIB_S, FTI_RANKS, FTI_SOURCE, LIMITS, MiB, command, measure_limits, parse_grid, parser,  # noqa: E402
@@ -55,7 +60,7 @@ def worker(a):
     shm_root, disk_root = os.path.join(a.shm, "limits"), os.path.join(a.disk, "limits")
     os.makedirs(shm_root, exist_ok=True)
     os.makedirs(disk_root, exist_ok=True)
-    res = {"limits": measure_limits(comm, data, scratch, shm_root, disk_root, a.reps)}
+    res = {"limits": measure_limits(comm, data, scratch, shm_root, disk_root, a.reps, gap=a.gap)}
     del scratch
     res["new_files"] = {}
     for level in a.levels.split(","):
@@ -80,9 +85,11 @@ def worker(a):
                     if w == 0:
                         r["first"].append(t)
                     step += 1
+                    time.sleep(a.gap)
                 for _ in range(a.reps):
                     r["checkpoint"].append(timed(comm, lambda: ckpt.checkpoint(step, level)))
                     step += 1
+                    time.sleep(a.gap)
                 last = step - 1
                 for _ in range(a.reps if reuse else 0):    # restarts: the reuse_files pass only
                     if level == "pfs" or (level in ("partner", "xor", "rs") and comm.rank == 1):
@@ -141,6 +148,8 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=None, help=f"default 3 ({QUICK_REPS} with --quick)")
     p.add_argument("--no-new-files", action="store_true",
                    help="skip the second pass per level with reuse_files = false (new files at every checkpoint)")
+    p.add_argument("--gap", type=float, default=0.0,
+                   help="seconds every rank idles after each checkpoint, as an application computes (default 0)")
     a = p.parse_args(argv)
     if a.worker:
         return worker(a)
@@ -153,7 +162,7 @@ def main(argv=None):
         say(f"levels [{n}/{len(grid)}] {ranks} ranks x {size} MiB per rank: limits, then {', '.join(levels)}")
         with scratch("levels") as (shm, disk):
             out = run_mpi(ranks, [os.path.abspath(__file__), "--worker", "--size", str(size), "--reps", str(a.reps),
-                                  "--levels", a.levels, "--shm", shm, "--disk", disk]
+                                  "--levels", a.levels, "--shm", shm, "--disk", disk, "--gap", str(a.gap)]
                           + (["--no-new-files"] if a.no_new_files else []))
         row = analyse(ranks, size, result_line(out), levels)
         rows.append(row)
@@ -169,7 +178,7 @@ def main(argv=None):
                 + (f" ({d['x_fti_new_files']:.1f}x with new files)" if "x_fti_new_files" in d else ""))
     path = write_json("levels", {"command": command("bench_levels.py", argv),
                                  "reps": a.reps, "grid": [list(g) for g in grid], "levels": levels,
-                                 "new_files": not a.no_new_files, "fti_source": FTI_SOURCE,
+                                 "new_files": not a.no_new_files, "gap_s": a.gap, "fti_source": FTI_SOURCE,
                                  "config": {"ranks_per_node": 1, "group_size": 4, "rs_parity": 2,
                                             "cache": "tmpfs (/dev/shm)", "pfs_dir": "disk (/tmp)"},
                                  "rows": rows}, a.out)

@@ -315,7 +315,7 @@ def write_disk_ways(data, path, aligned, existing):
 LIMITS = ("memcpy", "tmpfs_new", "tmpfs_overwrite", "disk_fsync", "disk_new_files", "mpi_ring")
 
 
-def disk_new_files(comm, data, aligned, disk_dir, steps):
+def disk_new_files(comm, data, aligned, disk_dir, steps, gap=0.0):
     """What a checkpoint with new files at every step asks of the disk, done by hand and back to
     back (collective): per step every rank writes a new file of ``data``'s size with direct I/O
     from ``aligned`` and fsyncs it, then the previous step's file is unlinked by a thread while
@@ -324,7 +324,8 @@ def disk_new_files(comm, data, aligned, disk_dir, steps):
     the disk allows that work here (on a file system mounted with ``discard`` an unlink is
     device work). ``steps`` timed steps (slowest rank each) after two untimed ones: the removal
     that starts after step k unlinks step k-1's file, so step 2 is the first one that a removal
-    runs into, as every checkpoint's does in the steady state."""
+    runs into, as every checkpoint's does in the steady state. ``gap``: seconds every rank idles
+    after each step (an application computing between checkpoints; the removal then runs in it)."""
     import threading
     times, previous, remover = [], None, None
     for k in range(steps + 2):
@@ -338,6 +339,7 @@ def disk_new_files(comm, data, aligned, disk_dir, steps):
             remover = threading.Thread(target=os.unlink, args=(previous,))
             remover.start()
         previous = path
+        time.sleep(gap)
     if remover is not None:
         remover.join()
     os.unlink(previous)
@@ -413,7 +415,7 @@ def _aligned_copy(data):
     return out
 
 
-def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS):
+def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS, gap=0.0):
     """Every rank at once, ``reps`` samples each (seconds of the slowest rank):
     memcpy into a touched buffer, a new / an overwritten tmpfs file (the fastest of
     tmpfs_overwrite_ways: write() or a copy into its kept mapping, as the local level writes; each
@@ -424,7 +426,7 @@ def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS):
     direct I/O; an existing file overwritten: the last two), each also kept as ``disk_<way>``:
     a limit that a hand-written file or the pfs level beats would be no limit. ``disk_new_files``:
     the rotation of new files of disk_new_files() (``reps`` steps after the loop above), the
-    limit of a checkpoint with new files at every step."""
+    limit of a checkpoint with new files at every step (``gap`` seconds idle after each step)."""
     import numpy as np
     res = {k: [] for k in which}
     aligned = None
@@ -468,7 +470,7 @@ def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS):
             res["mpi_ring"].append(timed(comm, lambda: comm.Sendrecv(data, dst, 7, scratch, src, 7)))
     if "disk_new_files" in res:
         aligned = _aligned_copy(data) if aligned is None else aligned
-        res["disk_new_files"] = disk_new_files(comm, data, aligned, disk_dir, reps)
+        res["disk_new_files"] = disk_new_files(comm, data, aligned, disk_dir, reps, gap)
     if os.path.exists(existing):
         os.unlink(existing)
     return {k: v for k, v in res.items() if v}

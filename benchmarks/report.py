@@ -71,15 +71,16 @@ def session_ratios(fti, level, new_files=False):
                   if r["ranks"] == FTI_RANKS and level in r["levels"])
 
 
-def fti_target(rows, level, same_work_new_files=False, factor=2.0, fti=None):
+def fti_target(rows, level, same_work_new_files=False, factor=2.0, fti=None, fti_gap=None):
     """One row of the targets table: ``level`` >= ``factor`` x FTI's bandwidth at the same size.
     Judged on the default run (reuse_files = true), or with ``same_work_new_files`` on the
     reuse_files = false run (new files at every checkpoint, as FTI writes them). Sizes that FTI
     has no figure for are "not comparable". With ``fti`` (bench_fti.py's JSON) measuring the
-    level, it is judged on that session's ratios instead, this run's against the anchors beside."""
+    level, it is judged on that session's ratios instead, this run's against the anchors beside;
+    ``fti_gap`` (bench_fti.py --gap: idle time after each checkpoint) judges the same-work target too."""
     in_session = session_ratios(fti, level, new_files=same_work_new_files)
     if in_session:
-        return session_target(rows, level, same_work_new_files, factor, fti, in_session)
+        return session_target(rows, level, same_work_new_files, factor, fti, in_session, fti_gap)
     name = FTI_LEVEL_NAME[level]
     anchor_sizes = sorted(FTI_MIB_S[level])
     anchor_text = "/".join(f"{FTI_MIB_S[level][s]:.0f}" for s in anchor_sizes)
@@ -109,8 +110,10 @@ def fti_target(rows, level, same_work_new_files=False, factor=2.0, fti=None):
     return f"| {what} | {text} | {status} |"
 
 
-def session_target(rows, level, same_work_new_files, factor, fti, in_session):
-    """fti_target's row judged on bench_fti.py's same-session ratios ``in_session``."""
+def session_target(rows, level, same_work_new_files, factor, fti, in_session, fti_gap=None):
+    """fti_target's row judged on bench_fti.py's same-session ratios ``in_session`` (back to
+    back), and the same-work (new files) target, where ``fti_gap`` measured the level with time
+    between checkpoints, on those too."""
     def fmt(xs):
         return " / ".join(f"{x:.2f}×" for _, x in xs) + " at " + "/".join(str(s) for s, _ in xs) + " MiB"
     what = (f"`{level}` ≥ {factor:g}× FTI {FTI_LEVEL_NAME[level]}, FTI and hpcckpt in one session "
@@ -137,6 +140,18 @@ def session_target(rows, level, same_work_new_files, factor, fti, in_session):
         allowed = [x for s, x, _ in floor if s in short]
         if allowed and min(allowed) < factor:
             status += f" (the disk allows at most {min(allowed):.2f}× there)"
+    gap = (fti_gap or {}).get("gap_s") or 0
+    spaced = session_ratios(fti_gap, level, new_files=True) if gap > 0 and same_work_new_files else []
+    if spaced:
+        text += (f"; with {gap:g} s between checkpoints (`bench_fti.py --gap {gap:g}`, {fti_gap['machine']['date'][:16]}: "
+                 "both idle after every checkpoint, as an application computes, and file removals, device work on this "
+                 "disk, run in that time instead of in the next checkpoint): " + fmt(spaced))
+        floor = disk_floor(fti_gap) if level == "pfs" else []
+        if floor:
+            text += (", the disk alone " + " / ".join(f"{x:.2f}×" for _, x, _ in floor) + ", `pfs` at "
+                     + " / ".join(f"{f:.0%}" for _, _, f in floor) + " of it")
+        short_spaced = {s: x for s, x in spaced if x < factor}
+        status = f"back to back {status}; with {gap:g} s between checkpoints {mark(not short_spaced)}{short_of(short_spaced)}"
     return f"| {what} | {text} | {status} |"
 
 
@@ -164,7 +179,7 @@ def incremental_comparable(inc):
 
 
 def sources(d, names=("levels", "recovery", "codecs", "integrity", "async", "naive", "numba", "background", "overhead",
-                      "incremental", "online", "fti"), cpu=None):
+                      "incremental", "online", "fti", "fti_gap"), cpu=None):
     """'name date (load average at its end)' of each JSON the table reads; its CPU too where it
     is not ``cpu``."""
     parts = []
@@ -182,14 +197,17 @@ def sources(d, names=("levels", "recovery", "codecs", "integrity", "async", "nai
 
 
 def session_paragraph(fti):
-    """What bench_fti.py measured: FTI and hpcckpt interleaved in one session."""
+    """What bench_fti.py measured: FTI and hpcckpt interleaved in one session (back to back, or
+    with its ``gap_s`` between checkpoints)."""
     parts = []
     for r in sorted(fti["rows"], key=lambda r: (r["ranks"], r["mib_per_rank"])):
         cells = [f"{lv} {e['mib_s']:.0f} / new files {e['new_files_mib_s']:.0f} vs {e['fti_level']} "
                  f"{r['fti_mib_s'][e['fti_level']]:.0f} ({e['x_fti']:.1f}× / {e['x_fti_new_files']:.2f}×)"
                  for lv, e in r["levels"].items()]
         parts.append(f"{r['ranks']} × {r['mib_per_rank']} MiB: " + ", ".join(cells))
-    return (f"FTI 1.6 and hpcckpt interleaved in one session on one machine (`bench_fti.py`, "
+    gap = fti.get("gap_s") or 0
+    return (f"FTI 1.6 and hpcckpt interleaved in one session on one machine (`bench_fti.py"
+            + (f" --gap {gap:g}`: {gap:g} s idle after every checkpoint" if gap > 0 else "`") + ", "
             f"{fti['machine']['date'][:16]} on {fti['machine'].get('cpu', 'an unnamed CPU')}, {fti['rounds']} rounds × {fti['reps']} checkpoints per level, medians, "
             f"MiB/s; hpcckpt with reuse_files = true / false): " + "; ".join(parts) + ".")
 
@@ -214,7 +232,7 @@ def table(d):
     if integ is None:
         integ = load(d, "local")      # bench_local.py run on its own
     asy, naive, numba, suite = load(d, "async"), load(d, "naive"), load(d, "numba"), load(d, "suite")
-    inc, fti_session = load(d, "incremental"), load(d, "fti")
+    inc, fti_session, fti_gap = load(d, "incremental"), load(d, "fti"), load(d, "fti_gap")
     out = []
     when = (lv or rec or cod or {}).get("machine", {})
     load_txt = ""
@@ -271,16 +289,17 @@ def table(d):
                if "disk_new_files" in r["limits"]["mib_s"] else "") +
             f" MPI ring {r['limits']['mib_s'].get('mpi_ring', 0):.0f}" for size, r in sorted(rows.items())) + ".")
         out.append("")
-    if fti_session:
-        out.append(session_paragraph(fti_session))
-        out.append("")
+    for session in (fti_session, fti_gap):
+        if session:
+            out.append(session_paragraph(session))
+            out.append("")
     # ------------------------------------------------------------------ targets
     out.append("Targets from the issues, against what is measured:")
     out.append("")
     out.append("| target | measured | status |")
     out.append("|---|---|---|")
     for level in LEVELS:
-        out.append(fti_target(rows, level, same_work_new_files=(level == "pfs"), fti=fti_session))
+        out.append(fti_target(rows, level, same_work_new_files=(level == "pfs"), fti=fti_session, fti_gap=fti_gap))
     for level, what, lim in (("local", "L1 ≥ 70% of the tmpfs write limit (overwrite)", 0.7),
                              ("pfs", "L4 ≥ 70% of the disk write+fsync limit", 0.7)):
         fr = [(s, rows[s]["levels"][level]["checkpoint_fraction_of_limit"]) for s in sorted(rows) if level in rows[s]["levels"]]

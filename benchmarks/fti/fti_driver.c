@@ -1,10 +1,11 @@
 /* FTI's side of benchmarks/bench_fti.py: times FTI_Checkpoint at each level asked for.
 
-       mpiexec -n 4 fti_driver CONFIG MIB_PER_RANK REPS LEVEL...
+       mpiexec -n 4 fti_driver CONFIG MIB_PER_RANK REPS GAP_SECONDS LEVEL...
 
    Each rank protects MIB_PER_RANK MiB of incompressible bytes (xorshift, written before the
-   first checkpoint), then per LEVEL (1-4) takes REPS checkpoints back to back, each between
-   barriers; a checkpoint's time is the slowest rank's. Rank 0 prints "MPI-STARTED" once every
+   first checkpoint), then per LEVEL (1-4) takes REPS checkpoints, each between barriers and
+   followed by GAP_SECONDS idle on every rank (0: back to back); a checkpoint's time is the
+   slowest rank's. Rank 0 prints "MPI-STARTED" once every
    rank is past MPI_Init (the benchmarks' start-up check), then one line
    RESULT {"<level>": [seconds, ...], ...}. */
 #include <fti.h>
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
@@ -19,14 +21,15 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     MPI_Barrier(MPI_COMM_WORLD);
     if (world_rank == 0) { printf("MPI-STARTED\n"); fflush(stdout); }
-    if (argc < 5) {
-        fprintf(stderr, "usage: fti_driver CONFIG MIB_PER_RANK REPS LEVEL...\n");
+    if (argc < 6) {
+        fprintf(stderr, "usage: fti_driver CONFIG MIB_PER_RANK REPS GAP_SECONDS LEVEL...\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     size_t bytes = (size_t)atol(argv[2]) << 20;
     int reps = atoi(argv[3]);
-    if (bytes == 0 || bytes > 0x7fffffffUL || reps < 1) {
-        fprintf(stderr, "fti_driver: MIB_PER_RANK must be 1-2047 and REPS at least 1\n");
+    double gap = atof(argv[4]);
+    if (bytes == 0 || bytes > 0x7fffffffUL || reps < 1 || !(gap >= 0)) {
+        fprintf(stderr, "fti_driver: MIB_PER_RANK must be 1-2047, REPS at least 1, GAP_SECONDS at least 0\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     if (FTI_Init(argv[1], MPI_COMM_WORLD) != FTI_SCES) {
@@ -45,9 +48,10 @@ int main(int argc, char **argv) {
     FTI_Protect(0, data, (int32_t)bytes, FTI_CHAR);
     int id = 1;
     if (rank == 0) printf("RESULT {");
-    for (int a = 4; a < argc; a++) {
+    struct timespec idle = {(time_t)gap, (long)((gap - (double)(time_t)gap) * 1e9)};
+    for (int a = 5; a < argc; a++) {
         int level = atoi(argv[a]);
-        if (rank == 0) printf("%s\"%d\": [", a > 4 ? ", " : "", level);
+        if (rank == 0) printf("%s\"%d\": [", a > 5 ? ", " : "", level);
         for (int r = 0; r < reps; r++) {
             MPI_Barrier(FTI_COMM_WORLD);
             double t = MPI_Wtime();
@@ -60,6 +64,7 @@ int main(int argc, char **argv) {
             double slowest;
             MPI_Reduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, FTI_COMM_WORLD);
             if (rank == 0) printf("%s%.6f", r ? ", " : "", slowest);
+            if (gap > 0) nanosleep(&idle, NULL);
         }
         if (rank == 0) printf("]");
     }

@@ -164,3 +164,27 @@ def test_incremental_target(tmp_path):
     line = _incremental(tmp_path, 64, 0.4, 0.7)
     assert line.endswith("| partner **met**; xor **not met** |") and "xor 70 vs 100 ms = 0.70×" in line
     assert _incremental(tmp_path, 16, 0.4, 0.5).endswith("| partner **not comparable**; xor **not comparable** |")
+
+
+def test_a_session_with_time_between_checkpoints_is_judged_beside_the_back_to_back_one():
+    fti = FTI_MIB_S["pfs"]
+    rows = {s: _row(s, 2.5 * fti[s], new_files=2.5 * fti[s]) for s in (64, 256)}
+    spaced = dict(_session(4.0, 2.2), gap_s=0.5)
+    line = report.fti_target(rows, "pfs", same_work_new_files=True, fti=_session(3.0, 1.9), fti_gap=spaced)
+    assert "with 0.5 s between checkpoints (`bench_fti.py --gap 0.5`" in line and line.count("2.20× / 2.20×") == 1
+    assert line.endswith("| back to back **not met** at 64 MiB (1.900×), 256 MiB (1.900×); "
+                         "with 0.5 s between checkpoints **met** |")
+    for r in spaced["rows"]:
+        r["levels"]["pfs"].update(disk_new_files_x_fti=2.5, new_files_of_disk_new_files=0.88)
+    line = report.fti_target(rows, "pfs", same_work_new_files=True, fti=_session(3.0, 1.9), fti_gap=spaced)
+    assert "2.20× / 2.20× at 64/256 MiB, the disk alone 2.50× / 2.50×, `pfs` at 88% / 88% of it" in line
+    spaced["rows"][0]["levels"]["pfs"]["x_fti_new_files"] = 1.8
+    assert report.fti_target(rows, "pfs", same_work_new_files=True, fti=_session(3.0, 2.1), fti_gap=spaced).endswith(
+        "| back to back **met**; with 0.5 s between checkpoints **not met** at 64 MiB (1.800×) |")
+    # a JSON without a gap, or without the level, adds nothing
+    for other in (_session(4.0, 2.2), dict(_session(4.0, 2.2, levels=("local",)), gap_s=0.5)):
+        assert report.fti_target(rows, "pfs", same_work_new_files=True, fti=_session(3.0, 2.1), fti_gap=other).endswith(
+            "| **met** |")
+    assert "with 0.5 s" not in report.fti_target(rows, "local", fti=_session(3.0, 2.1), fti_gap=spaced)  # same work only
+    assert "`bench_fti.py --gap 0.5`: 0.5 s idle after every checkpoint" in report.session_paragraph(spaced)
+    assert "--gap" not in report.session_paragraph(_session(4.0, 2.2))
