@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 
 from hpcckpt import mpi_launch
 
@@ -261,6 +262,36 @@ def timed(comm, fn):
     return comm.allreduce(t, op=MPI.MAX)
 
 
+def timed_together(comm, fn):
+    """What ``fn()`` on every rank at once takes (collective): from the first rank's start to the
+    last rank's end after a barrier, on the clock every process of a host shares
+    (time.perf_counter, CLOCK_MONOTONIC). A rank's own interval (timed()) leaves out the time it
+    waited for a core after the barrier: with more ranks than cores, ranks that ran one after
+    the other would each look as fast as one alone. On several hosts: timed()."""
+    from mpi4py import MPI
+    if not one_host(comm):
+        return timed(comm, fn)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    t1 = time.perf_counter()
+    first, last = comm.allreduce(-t0, op=MPI.MAX), comm.allreduce(t1, op=MPI.MAX)
+    return last + first
+
+
+_ONE_HOST = {}
+
+
+def one_host(comm):
+    """Whether every rank of ``comm`` runs on this host (collective the first time per comm)."""
+    from mpi4py import MPI
+    key = MPI.Comm.py2f(comm)
+    if key not in _ONE_HOST:
+        name = zlib.crc32(MPI.Get_processor_name().encode())
+        _ONE_HOST[key] = comm.allreduce(name, op=MPI.MIN) == comm.allreduce(name, op=MPI.MAX)
+    return _ONE_HOST[key]
+
+
 def write_file(data, path, flags, fsync=False, chunk=1 << 20):
     """Write ``data``'s bytes to ``path`` with plain os.write (the raw limit), optionally fsynced."""
     fd = os.open(path, flags, 0o600)
@@ -330,7 +361,7 @@ def disk_new_files(comm, data, aligned, disk_dir, steps, gap=0.0):
     times, previous, remover = [], None, None
     for k in range(steps + 2):
         path = os.path.join(disk_dir, f"new_files_{comm.rank}_{k}.dat")
-        t = timed(comm, write_disk_ways(data, path, aligned, None)["direct"])
+        t = timed_together(comm, write_disk_ways(data, path, aligned, None)["direct"])
         if k >= 2:
             times.append(t)
         if remover is not None:
@@ -416,7 +447,8 @@ def _aligned_copy(data):
 
 
 def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS, gap=0.0):
-    """Every rank at once, ``reps`` samples each (seconds of the slowest rank):
+    """Every rank at once, ``reps`` samples each (seconds from the first rank's start to the last
+    rank's end, timed_together):
     memcpy into a touched buffer, a new / an overwritten tmpfs file (the fastest of
     tmpfs_overwrite_ways: write() or a copy into its kept mapping, as the local level writes; each
     also kept as ``tmpfs_overwrite_<way>``), a new disk file + fsync,
@@ -436,18 +468,18 @@ def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS, g
     existing = os.path.join(disk_dir, f"limit_{r}.old")
     for _ in range(reps):
         if "memcpy" in res:
-            res["memcpy"].append(timed(comm, lambda: np.copyto(scratch, data)))
+            res["memcpy"].append(timed_together(comm, lambda: np.copyto(scratch, data)))
         if "tmpfs_new" in res or "tmpfs_overwrite" in res:
             if os.path.exists(shm):
                 os.unlink(shm)
-            t = timed(comm, lambda: write_file(data, shm, os.O_WRONLY | os.O_CREAT))
+            t = timed_together(comm, lambda: write_file(data, shm, os.O_WRONLY | os.O_CREAT))
             if "tmpfs_new" in res:
                 res["tmpfs_new"].append(t)
             if "tmpfs_overwrite" in res:     # the fastest of tmpfs_overwrite_ways (tmpfs_overwrite_<way>)
                 ways, close = tmpfs_overwrite_ways(data, shm)
                 best = None
                 for way, fn in ways.items():
-                    t = timed(comm, fn)
+                    t = timed_together(comm, fn)
                     res.setdefault(f"tmpfs_overwrite_{way}", []).append(t)
                     best = t if best is None else min(best, t)
                 close()
@@ -459,7 +491,7 @@ def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS, g
                 write_file(data, existing, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, fsync=True)
             best = None
             for way, fn in write_disk_ways(data, disk, aligned, existing).items():
-                t = timed(comm, fn)
+                t = timed_together(comm, fn)
                 res.setdefault(f"disk_{way}", []).append(t)
                 best = t if best is None else min(best, t)
                 if os.path.exists(disk):
@@ -467,7 +499,7 @@ def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS, g
             res["disk_fsync"].append(best)
         if "mpi_ring" in res and comm.size > 1:
             dst, src = (r + 1) % comm.size, (r - 1) % comm.size
-            res["mpi_ring"].append(timed(comm, lambda: comm.Sendrecv(data, dst, 7, scratch, src, 7)))
+            res["mpi_ring"].append(timed_together(comm, lambda: comm.Sendrecv(data, dst, 7, scratch, src, 7)))
     if "disk_new_files" in res:
         aligned = _aligned_copy(data) if aligned is None else aligned
         res["disk_new_files"] = disk_new_files(comm, data, aligned, disk_dir, reps, gap)
