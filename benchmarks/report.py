@@ -8,6 +8,7 @@ extra); without it they are skipped with a message.
 """
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -206,7 +207,7 @@ def session_paragraph(fti):
                  for lv, e in r["levels"].items()]
         parts.append(f"{r['ranks']} × {r['mib_per_rank']} MiB: " + ", ".join(cells))
     gap = fti.get("gap_s") or 0
-    return (f"FTI 1.6 and hpcckpt interleaved in one session on one machine (`bench_fti.py"
+    return ("FTI 1.6 and hpcckpt interleaved in one session on one machine (`bench_fti.py"
             + (f" --gap {gap:g}`: {gap:g} s idle after every checkpoint" if gap > 0 else "`") + ", "
             f"{fti['machine']['date'][:16]} on {fti['machine'].get('cpu', 'an unnamed CPU')}, {fti['rounds']} rounds × {fti['reps']} checkpoints per level, medians, "
             f"MiB/s; hpcckpt with reuse_files = true / false): " + "; ".join(parts) + ".")
@@ -305,7 +306,7 @@ def table(d):
         fr = [(s, rows[s]["levels"][level]["checkpoint_fraction_of_limit"]) for s in sorted(rows) if level in rows[s]["levels"]]
         fr = [(s, f) for s, f in fr if s in (64, 256)] or fr
         if fr:
-            out.append(f"| {what} | " + " / ".join(f"{f:.0%} at {s} MiB" for s, f in fr) +
+            out.append(f"| {what} | " + " / ".join(f"{math.floor(f * 1000) / 10:.1f}% at {s} MiB" for s, f in fr) +  # 69.98%: 69.9%
                        f" | {mark(min(f for _, f in fr) >= lim)} |")
     if cod and cod.get("summary"):
         xs = [(mib, r) for mib, r in cod["summary"].items() if "xor_fraction_of_anchor_fused" in r]
