@@ -20,7 +20,6 @@ import time
 import zlib
 
 from hpcckpt import mpi_launch
-from hpcckpt.storage import fsync_dir
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 MiB = 1 << 20
@@ -253,14 +252,19 @@ def result_line(out):
 
 
 # ---------------------------------------------------------------------- inside a worker (MPI)
-def timed(comm, fn):
-    """Slowest rank's time of ``fn()`` started together after a barrier (collective)."""
-    from mpi4py import MPI
+def _start_end(comm, fn):
+    """This rank's (start, end) of ``fn()`` run after a barrier (collective)."""
     comm.Barrier()
     t0 = time.perf_counter()
     fn()
-    t = time.perf_counter() - t0
-    return comm.allreduce(t, op=MPI.MAX)
+    return t0, time.perf_counter()
+
+
+def timed(comm, fn):
+    """Slowest rank's time of ``fn()`` started together after a barrier (collective)."""
+    from mpi4py import MPI
+    t0, t1 = _start_end(comm, fn)
+    return comm.allreduce(t1 - t0, op=MPI.MAX)
 
 
 def timed_together(comm, fn):
@@ -272,12 +276,8 @@ def timed_together(comm, fn):
     from mpi4py import MPI
     if not one_host(comm):
         return timed(comm, fn)
-    comm.Barrier()
-    t0 = time.perf_counter()
-    fn()
-    t1 = time.perf_counter()
-    first, last = comm.allreduce(-t0, op=MPI.MAX), comm.allreduce(t1, op=MPI.MAX)
-    return last + first
+    t0, t1 = _start_end(comm, fn)
+    return comm.allreduce(t1, op=MPI.MAX) - comm.allreduce(t0, op=MPI.MIN)
 
 
 _ONE_HOST = {}
@@ -463,6 +463,7 @@ def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS, g
     the rotation of new files of disk_new_files() (``reps`` steps after the loop above), the
     limit of a checkpoint with new files at every step (``gap`` seconds idle after each step)."""
     import numpy as np
+    from hpcckpt import storage
     res = {k: [] for k in which}
     aligned = None
     r = comm.rank
@@ -499,7 +500,7 @@ def measure_limits(comm, data, scratch, shm_dir, disk_dir, reps, which=LIMITS, g
                 best = t if best is None else min(best, t)
                 if os.path.exists(disk):
                     os.unlink(disk)
-                    fsync_dir(disk_dir)     # the removal's device work (discard) done here, untimed
+                    storage.fsync_dir(disk_dir)     # the removal's device work (discard) done here, untimed
             res["disk_fsync"].append(best)
         if "mpi_ring" in res and comm.size > 1:
             dst, src = (r + 1) % comm.size, (r - 1) % comm.size
