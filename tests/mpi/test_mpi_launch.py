@@ -1,6 +1,7 @@
 """hpcckpt.mpi_launch against the real launcher of this Python (MPICH or Open MPI): the library
 the ranks load is the flavour detected, a killed rank gives the exit status the flavour names,
-and a job killed from outside leaves no process and none of the segments it mapped."""
+a job killed from outside leaves no process and none of the segments it mapped, and the test
+harness says what a job that hung was doing and ends a launcher that outlives its application."""
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import time
 import pytest
 
 from hpcckpt import mpi_launch
+import harness
 from harness import mpi, popen_mpi, readline, run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -87,3 +89,33 @@ def test_a_job_killed_from_outside_leaves_no_process_and_no_segment(hello):
     assert not left, f"{m}: the killed job's segments are still there: {sorted(left)}"
     if m.name == "openmpi":
         assert not os.path.exists(f"/tmp/ompi.{proc.pid}"), "the launcher's session directory is still there"
+
+
+def test_a_job_past_its_timeout_fails_with_what_was_running_and_the_ranks_python_stacks(hello):
+    """The harness's timeout: every process killed, and the failure names what was still running
+    (the ranks' command lines) and shows where each rank's Python was (faulthandler's dump)."""
+    with pytest.raises(AssertionError) as failed:
+        run_mpi(2, hello, "sleep", timeout=15)
+    text = str(failed.value)
+    sleeping = HELLO.splitlines().index("    time.sleep(120)") + 1
+    assert "timed out after 15 s" in text and "still running at the timeout" in text, text
+    assert f"{sys.executable} {hello} sleep" in text, text
+    assert f'File "{hello}", line {sleeping} in <module>' in text, text
+
+
+def test_a_launcher_that_outlives_its_application_is_ended(tmp_path, monkeypatch):
+    """A launcher still running LAUNCHER_LINGER s after every process of its application ended
+    (Open MPI's prterun, rarely) is killed and reported as hung, with what the application printed."""
+    monkeypatch.setattr(harness, "LAUNCHER_LINGER", 1.0)
+    app = tmp_path / "app.py"
+    app.write_text("import time\ntime.sleep(3)\nprint('APPLICATION-DONE')\n")     # seen running first
+    launcher = subprocess.Popen(["sh", "-c", f'"{sys.executable}" "{app}"; exec sleep 300'], start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        res = harness._wait(launcher, str(app), timeout=120)
+    finally:
+        mpi_launch.kill_job(launcher)
+    assert not res.timed_out and "APPLICATION-DONE" in res.stdout, str(res)
+    assert f"the launcher (pid {launcher.pid}) was still running" in res.launcher_hung and "sleep 300" in \
+        res.launcher_hung, res.launcher_hung
+    assert launcher.returncode == -signal.SIGKILL
