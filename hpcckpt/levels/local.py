@@ -143,8 +143,10 @@ class LocalCache:
 
         ``items`` is a list of (name, C-contiguous array, hpcckpt.state.Layout). A committed
         manifest of another job or placement at this step is never written over. ``pipe`` (a
-        sync pfs step's PendingStep) is given each array's bytes as they are copied, and drained
-        before the file is unmapped.
+        sync pfs step's PendingStep) is given each array's bytes as they are copied (from the
+        arrays, or from the mapped file): drained here only when that mapping is closed at the
+        end (not kept), else by the pfs step's finish, so that the rest of the step's protocol
+        runs while the bytes go to disk.
         """
         if os.path.islink(self.step_dir(step)):
             os.unlink(self.step_dir(step))   # never write (or uncommit) through a planted link
@@ -189,8 +191,8 @@ class LocalCache:
         def on_written(file_bytes):
             if digester is not None:
                 self.block_digests = (step, self.cfg.incremental_block, digester.finish(file_bytes))
-            if pipe is not None:
-                pipe.drain()
+            if pipe is not None and self.mappings is None and not isinstance(file_bytes, storage.FileBytes):
+                pipe.drain()        # the mapping it reads is closed next; else the pfs step's finish waits
         hooked = digester is not None or pipe is not None
         entries, size = storage.write_arrays(path, arrays, self.cfg.io_chunk, self.cfg.file_mode,
                                              self.cfg.cache_fsync, reuse, fault, self.cfg.write_method,

@@ -196,9 +196,10 @@ class PfsStore:
         finish() gets the checksums.
 
         A node file that cannot be laid out is not agreed on here, so that no rank waits for the
-        slowest node's file before its bytes go out: the error is the PendingStep's, raised by
-        ``PendingStep.check()`` in the next agreement (finish()'s first; the cache write's, when
-        it hands the bytes over), and the node's ranks write nothing meanwhile."""
+        slowest node's file before its bytes go out: the error is the PendingStep's, raised in
+        the next agreement (the cache write's, by ``PendingStep.check()``, when it hands the bytes
+        over; else finish()'s first, once every rank has made finish()'s collective calls: the
+        other ranks of the node do not know of it), and the node's ranks write nothing meanwhile."""
         try:
             meta, error = self._describe_items(step, ckpt_id, items), None
         except BaseException as e:  # noqa: BLE001 - raised in the agreement below, after the gathers
@@ -320,31 +321,18 @@ class PfsStore:
         step = pending.step
         renamed = [False]
         try:
-            size = None
+            index = None
             with Collective(self.comm, f"writing pfs checkpoint {step}"):
-                pending.check()
                 try:
-                    size = self._write_node(pending, items)
+                    index = self._write_node(pending, items)
                     faults.hit("pfs-written", self.rank, step)
                 except OSError as e:
                     why = " ".join(str(e.strerror or e).split())   # HDF5's messages span lines
                     raise CheckpointWriteError(f"cannot write {e.filename or pending.tmp}: {why}") from e
-            index = pending.index
-            if not pending.checksums_known:      # rank 0's index gets every rank's checksums now
-                sums = self.comm.gather({it.name: it.checksum for it in items}, root=0)
-                if self.rank == 0:
-                    index = _with_checksums(index, sums)
-            sizes = self.comm.gather((self.node, size) if self.is_aggregator else None, root=0)
             with Collective(self.comm, f"committing pfs checkpoint {step}"):
                 if self.rank == 0:
-                    tmp = pending.tmp
                     try:
-                        written = sorted(v for v in sizes if v is not None)
-                        index = dataclasses.replace(index, files={lay.node_file(n): s for n, (s, _) in written},
-                                                    node_metadata={lay.node_file(n): m for n, (_, m) in written})
-                        files.write_master(os.path.join(tmp, MASTER), index, self.cfg.file_mode)
-                        index = dataclasses.replace(index, master_checksum=files.file_digest(os.path.join(tmp, MASTER)))
-                        self._commit(tmp, index, renamed)
+                        self._commit(pending.tmp, index, renamed)
                     except OSError as e:
                         raise CheckpointWriteError(f"cannot commit pfs step {step}: {e.strerror}"
                                                    + (f" ({e.filename})" if e.filename else "")) from e
@@ -408,42 +396,69 @@ class PfsStore:
         return self._index(step, ckpt_id, epoch, entries, state_keys)
 
     def _write_node(self, pending, items):
-        """Collective over the node: every rank's writer finishes its bytes (those it was not
-        given yet come from ``items``), the aggregator sets the checksums begin() lacked and
-        fsyncs; returns (the file size, (its metadata extents, their checksum)) (aggregator)."""
+        """Collective: every rank's writer is given the bytes it was not given yet (from
+        ``items``); while they are written, the aggregators put the checksums begin() lacked into
+        their node files and rank 0 writes the master; then the writers finish and the aggregators
+        fsync. Returns rank 0's index (with the node files and the master's checksum; None
+        elsewhere). Every rank reaches every gather: an error (this node's layout, its metadata,
+        a writer) is raised after them, by each rank that has it."""
         writer = pending.writer
         for i, it in enumerate(items):
             if writer.missing(i):
                 writer.write(i, storage.byte_view(it.array))
-        error = writer.close()
+        error, pending.error = pending.error, None      # the aggregator's: its node file was not laid out
+        checksums = None if pending.checksums_known else {it.name: it.checksum for it in items}
+        node_sums = None if checksums is None else self.node_comm.gather(
+            {it.name: it.checksum for i, it in enumerate(items) if i in writer.targets}, root=0)
+        node = None
+        if self.is_aggregator and error is None:
+            try:
+                node = self._node_metadata(pending, node_sums)
+            except Exception as e:  # noqa: BLE001 - raised below, after the gathers
+                error = e
+        sums = None if checksums is None else self.comm.gather(checksums, root=0)
+        nodes = self.comm.gather((self.node, node) if self.is_aggregator else None, root=0)
+        index = None
+        if self.rank == 0 and all(n is None or n[1] is not None for n in nodes):     # else a node failed
+            try:
+                index = self._master(pending, sums, sorted(n for n in nodes if n is not None))
+            except Exception as e:  # noqa: BLE001 - raised below
+                error = error or e
+        error = writer.close() or error
         failed = self.node_comm.allreduce(error is not None)
-        checksums = None
-        if not pending.checksums_known:
-            checksums = self.node_comm.gather({it.name: it.checksum for i, it in enumerate(items)
-                                               if i in writer.targets}, root=0)
         if self.is_aggregator and not failed:
             try:
-                if checksums is not None:
-                    files.set_checksums(writer.path, dict(zip(self.node_ranks, checksums)))
                 storage.fsync_file(writer.path)
             except OSError as e:
                 error = e
-        if isinstance(error, BaseException) and not isinstance(error, Exception):
-            raise error          # KeyboardInterrupt / SystemExit of a test fault in the writer thread
         if error is not None:
-            raise error
-        if failed:          # the failing rank raises; the agreement makes every rank raise its error
-            return None
-        if not self.is_aggregator:
-            return None
-        st = os.stat(writer.path)
+            raise error          # KeyboardInterrupt / SystemExit of a test fault in the writer thread too
+        return index
+
+    def _node_metadata(self, pending, node_sums):
+        """Local (aggregator): the checksums ``node_sums`` (rank order, None: begin() had them)
+        into the node file; its (size, (metadata extents, their checksum))."""
+        path = pending.writer.path
+        if node_sums is not None:
+            files.set_checksums(path, dict(zip(self.node_ranks, node_sums)))
+        st = os.stat(path)
         extents = tuple(files.metadata_extents(st.st_size, pending.data_ranges))
-        checksum = files.extents_digest(writer.path, extents)
+        checksum = files.extents_digest(path, extents)
         self._written.pop((st.st_dev, st.st_ino), None)        # newest last
         self._written[(st.st_dev, st.st_ino)] = (st.st_size, extents, checksum)
         while len(self._written) > 64:                # the node files of the kept steps, and more
             del self._written[next(iter(self._written))]
         return st.st_size, (extents, checksum)
+
+    def _master(self, pending, sums, nodes):
+        """Local (rank 0): the step's index with every rank's checksums (``sums``, None: it had
+        them) and the node files (``nodes``: (node, (size, metadata))), and its master file."""
+        index = pending.index if sums is None else _with_checksums(pending.index, sums)
+        index = dataclasses.replace(index, files={lay.node_file(n): size for n, (size, _) in nodes},
+                                    node_metadata={lay.node_file(n): meta for n, (_, meta) in nodes})
+        master = os.path.join(pending.tmp, MASTER)
+        files.write_master(master, index, self.cfg.file_mode)
+        return dataclasses.replace(index, master_checksum=files.file_digest(master))
 
     def _commit(self, tmp, index, renamed):
         """Local (rank 0): make the step durable and visible (``renamed[0]`` once renamed)."""

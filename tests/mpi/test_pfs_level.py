@@ -320,3 +320,23 @@ def test_a_node_file_that_cannot_be_laid_out_fails_the_sync_step_on_every_rank_b
         res = app(4, shm_dir, "--level", "pfs", "--out", tmp_path / "out", config=cfg)
         assert restart_step(res) == 19
         assert outputs(tmp_path / "out") == reference
+
+
+def test_a_node_file_that_cannot_be_laid_out_fails_the_background_flush_on_every_rank(shm_dir, tmp_path, reference):
+    """The same fault in a pfs flush that runs in the background (``background = true``, new
+    files): begin() does not agree on the layout, so the ranks of node 1 learn of rank 2's error
+    only in finish(); every rank must still reach every collective call of finish() (rank 3 waits
+    for its aggregator in the node's own) and raise the error at its next call, and no pfs step 4
+    is committed. The local step 4 is, and the steps after it flush as usual."""
+    cfg = {"reuse_files": False, "background": True}
+    res = app(4, shm_dir, "--level", "pfs", "--tolerate-write-errors", config=cfg,
+              env={"_HPCCKPT_FAULT": "pfs-layout:2:4:error"})
+    fails = res.lines("CKPTFAIL")
+    assert len(fails) == 4 and all(f.startswith("9 CheckpointWriteError ") and "rank 2" in f and "cannot create" in f
+                                   for f in fails), str(res)
+    pfs_root = os.path.join(shm_dir, "pfs", "app")
+    assert not glob.glob(os.path.join(pfs_root, "step_0000000004*")), os.listdir(pfs_root)
+    lose_every_cache(shm_dir)
+    res = app(4, shm_dir, "--level", "pfs", "--out", tmp_path / "out", config=cfg)
+    assert restart_step(res) == 19
+    assert outputs(tmp_path / "out") == reference
