@@ -261,10 +261,15 @@ class Checkpointer:
         self._join_flush_unwinding()
         self._release_locks()
         self._closed = True
-        if self.config.abort_on_error and _should_abort(exc) and self._comm.size > 1:
-            print_abort_notice(exc, self.comm.rank)
-            self._comm.Abort(_exit_code(exc))
+        self._abort_if_alone(exc)
         return False
+
+    def _abort_if_alone(self, exc):
+        """Local: with ``abort_on_error``, an exception of this rank alone (not one every rank
+        agreed on; not sys.exit(0)) aborts the job, so that no other rank waits for this one."""
+        if self.config.abort_on_error and _should_abort(exc) and self.comm.size > 1:
+            print_abort_notice(exc, self.comm.rank)
+            self.comm.Abort(_exit_code(exc))
 
     def close(self):
         """Collective: wait for pending work, then release. Calling it twice is harmless."""
@@ -278,6 +283,12 @@ class Checkpointer:
         if not self._closed:
             try:
                 self._wait("close()")
+            except BaseException as e:
+                # after the agreement (retiring what the background work replaced), or before it:
+                # raised on this rank alone, e.g. SystemExit from a signal handler, which no
+                # excepthook sees; the other ranks have left close() or wait in it
+                self._abort_if_alone(e)
+                raise
             finally:
                 for level in self._levels.values():
                     level.close()

@@ -54,6 +54,20 @@ def test_interrupt_inside_checkpoint_aborts_by_default(phase, level, action, cls
     assert len(others) == 3 and all(c.startswith("CollectiveError") and cls in c for c in others), str(res)
 
 
+@pytest.mark.parametrize("level", ["partner", "xor"])
+def test_sys_exit_on_one_rank_inside_close_aborts_the_job(level, shm_dir):
+    """With ``background``, close() joins the last redundancy, agrees, then retires the step it
+    replaced on each rank alone: sys.exit(5) there on rank 2 (as a signal handler's would) was
+    seen by no excepthook, and the other ranks, past close(), waited in the application's next
+    collective call for ever. Now that rank aborts the job with its status."""
+    res = run_mpi(4, "app.py", "--cache", os.path.join(shm_dir, "node{node}"), "--steps", 20, "--every", 5,
+                  "--level", level, "--config-json", json.dumps({"ranks_per_node": 2, "background": True}),
+                  env={"_HPCCKPT_FAULT": "retire:2:9:exit"}, timeout=QUICK)
+    assert res.returncode == 5 or mpi().rank_killed(res.returncode), str(res)
+    assert "hpcckpt[rank 2]: sys.exit(5) on this rank; aborting the job" in res.stderr, str(res)
+    assert res.lines("CKPT 19") and "DONE" not in res.stdout, str(res)
+
+
 def test_uncaught_interrupt_inside_checkpoint_aborts_the_job(shm_dir):
     res, seconds = fail(shm_dir, "fault-uncaught", env={"_HPCCKPT_FAULT": "written:1:1:interrupt"})
     # rank 1 aborts with 130; the others raised an agreed CollectiveError and may exit first:

@@ -208,6 +208,15 @@ RED_TEAM = [
     ("an uncaught exception on one rank hung the job", "the job ends in seconds with that rank's traceback",
      "abort_on_error: MPI_Abort from __exit__ and from sys.excepthook; jobs/ launch with python -m mpi4py",
      "test_one_rank_exception_ends_the_job_with_its_traceback"),
+    ("sys.exit(n) on one rank in close()'s local part (after its agreement: retiring what the background "
+     "work replaced) hung the other ranks in the application's next call", "that rank aborts the job with status n",
+     "close() aborts on an exception of its rank alone, as leaving the with block does (no excepthook sees SystemExit)",
+     "test_abort: test_sys_exit_on_one_rank_inside_close_aborts_the_job"),
+    ("a background pfs flush hung when one node file could not be laid out (its node's other ranks waited in a "
+     "node collective for the aggregator, which had raised into the agreement)", "every rank raises the "
+     "aggregator's CheckpointWriteError at its next call; no pfs step is committed",
+     "finish() makes every collective call before a rank raises its error",
+     "test_pfs_level: test_a_node_file_that_cannot_be_laid_out_fails_the_background_flush_on_every_rank"),
     ("io_chunk (or any setting) differing between ranks hung the partner exchange", "refused at construction, "
      "naming the setting", "a digest of the settings, min = max in one reduction", "test_a_setting_that_differs_between_ranks_is_named"),
     ("a FIFO as the config file hung; /dev/zero was read without limit; non-UTF-8 gave a CollectiveError",
