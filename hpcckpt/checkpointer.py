@@ -310,7 +310,7 @@ class Checkpointer:
         ``Free`` (a collective call). ``revoke_comms=False`` (after an error every rank agreed
         on: a peer may still be finishing that agreement) only drops them. A background thread
         is given ``timeout`` seconds to end (its communicator revoked, its next call fails) and
-        is then left behind (a daemon).
+        is then left behind (not a daemon: the interpreter waits for it at exit).
         The lock files are released, so that a new Checkpointer of the same job can open the
         cache again. The files on disk are not touched. Harmless twice, and after close()."""
         if getattr(self, "_abandoned", False):
