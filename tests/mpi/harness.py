@@ -5,7 +5,10 @@ On timeout every process of the job is killed (no test can hang; Open MPI's rank
 the launcher's process group) and the MPI's leftovers created during the run, that no live
 process uses, are removed. Before that, the failure message gets what was still running (each
 process's state, kernel wait channel and command line) and the Python stacks of the application's
-processes (PYTHONFAULTHANDLER is set in every job; they are sent SIGABRT, core dumps off).
+processes (PYTHONFAULTHANDLER is set in every job but ULFM ones; they are sent SIGABRT, core dumps
+off). A ULFM job keeps the signal handlers Open MPI installs: in the first CI run with
+faulthandler's instead, a process of an online test's job segfaulted inside MPI_Comm_shrink
+(whether by chance is not known).
 
 A launcher that outlives every process of its application by LAUNCHER_LINGER seconds has hung
 after the job (Open MPI 5's prterun does, rarely: openpmix/prrte#1839): it is killed and the job
@@ -47,7 +50,8 @@ def popen_mpi(nprocs, argv, env=None, fault_tolerant=False, **kw):
     full_env = m.env(nprocs=nprocs)
     full_env.update({k: str(v) for k, v in (env or {}).items()})
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    full_env.setdefault("PYTHONFAULTHANDLER", "1")       # a hung rank's stacks on SIGABRT (_diagnose)
+    if not fault_tolerant:      # a hung rank's stacks on SIGABRT (_wait); ULFM jobs keep Open MPI's own handlers
+        full_env.setdefault("PYTHONFAULTHANDLER", "1")
     kw.setdefault("stdin", subprocess.DEVNULL)
     return subprocess.Popen(m.command(nprocs, argv, fault_tolerant=fault_tolerant), env=full_env, start_new_session=True,
                             preexec_fn=_no_core_dumps, **kw)
