@@ -7,6 +7,7 @@ Each job: 4 workers (5000 float64 each) + spares, 30 steps, a checkpoint every 5
 at step 12 restarts from step 9."""
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -43,8 +44,19 @@ def reference(tmp_path_factory):
     return np.load(out)
 
 
+# Open MPI 5.0.11 segfaults now and then in ompi_comm_revoke_local when a process fails while the
+# others are inside MPI_Comm_shrink (or a Split) -- its bug, seen in CI runs of
+# test_failure_during_the_recovery (docs/ONLINE.md); such a job is run once more, in a new directory.
+OPEN_MPI_CRASH = "Segmentation fault"
+
+
 def recovered(tmp, reference, spares, *args, recoveries=1, **kw):
     res, out = job(str(tmp), spares, *args, **kw)
+    if res.returncode != 0 and OPEN_MPI_CRASH in res.stderr:
+        sys.stderr.write(f"test_online: Open MPI crashed (its segfault during a shrink); running the job again:\n{res}\n")
+        tmp = os.path.join(str(tmp), "again")
+        os.makedirs(tmp)
+        res, out = job(tmp, spares, *args, **kw)
     assert res.returncode == 0, str(res)
     done = [json.loads(x) for x in res.lines("DONE")]
     assert len(done) == 1 and done[0]["recoveries"] == recoveries, str(res)     # one job: it never exited
