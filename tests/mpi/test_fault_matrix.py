@@ -6,28 +6,31 @@ the restored arrays are bitwise the state of that step (or untouched for None). 
 never a hang (every job runs under the harness timeout, which kills the process group).
 
 The application (apps/matrix_app.py) checkpoints every 5 steps (4, 9, 14, 19; keep = 2) and a
-rank is SIGKILLed at step 12, so checkpoints 4 and 9 are on disk. Virtual nodes: cache_dir =
+rank is SIGKILLed at step 12, so checkpoints 4 and 9 are on disk. ``test_fault`` runs every level,
+placement and fault with the default configuration; ``test_fault_in_background_work`` puts a fault
+(kill, error, exit) into each phase of checkpoint 9 under ``background``, ``background`` with new
+files and ``async_flush``, and checks invariants rather than one step (see ConfigCase). Virtual nodes: cache_dir =
 <root>/node{node}, ranks_per_node picks the placement; losing a node = deleting its directory.
 
 Which cases run (the hook in tests/mpi/conftest.py, the rule in reliability.select): every item
 carries a ``matrix(key)`` mark and the module lists them all in MATRIX_KEYS.
 
-- Always: the representative default subset (17 items: ``Case.default`` plus the real-ENOSPC
-  tests of local and xor and the read-only pfs_dir test).
-- Plus one rotating slice of the other 760 (the rotating pool, marked ``slow``): the pool sorted
-  by key and dealt into N = ceil(760 / SLICE_SIZE) slices of at most 25 (key i in slice i % N, so
+- Always: the representative default subset (21 items: ``Case.default``, ``ConfigCase.default``,
+  the real-ENOSPC tests of local and xor and the read-only pfs_dir test).
+- Plus one rotating slice of the other 966 (the rotating pool, marked ``slow``): the pool sorted
+  by key and dealt into N = ceil(966 / SLICE_SIZE) slices of at most 25 (key i in slice i % N, so
   a slice mixes levels, placements and faults), slice ``seed % N`` runs. The seed is
   ``RELIABILITY_SLICE`` (an integer; ``none``: no slice), else the commit of the checkout (``git
   rev-parse HEAD`` as a number), else a fixed seed 0 (the line below says so). Each commit's hash
   picks its slice, so over many commits CI covers the whole matrix; a slice adds about 1.5-2
   minutes on 2 cores.
-- ``RELIABILITY_FULL=1``: all 777 (hours on 2 cores).
+- ``RELIABILITY_FULL=1``: all 987 (hours on 2 cores).
 
 The other cases are deselected, not skipped; a case named by its full node id
 (``test_fault_matrix.py::test_fault[xor-8r8n-crash]``) always runs. A line after "collected" and
-at the end of the session says what ran, e.g. ``fault matrix: default subset 17 cases + slice 7
-of 31 (seed from commit abc1234: 25 cases) — RELIABILITY_SLICE=7 reruns it, RELIABILITY_FULL=1
-runs all 777``. ``-m "not slow"`` leaves out the slice: the default subset only (about a minute).
+at the end of the session says what ran, e.g. ``fault matrix: default subset 21 cases + slice 7
+of 39 (seed from commit abc1234: 25 cases) — RELIABILITY_SLICE=7 reruns it, RELIABILITY_FULL=1
+runs all 987``. ``-m "not slow"`` leaves out the slice: the default subset only (about a minute).
 With ``RELIABILITY_RECORD=tests/tools/results`` the outcomes are kept for docs/RELIABILITY.md
 (``python tests/tools/gen_reliability.py``).
 """
@@ -282,13 +285,72 @@ def cases():
 ALL_CASES = cases()
 
 
+# ---------------------------------------------------------------------- faults under other configurations
+# The cases above run with the default configuration. These put a fault into the checkpoint of
+# step 9 under the configurations that move work out of checkpoint() (background redundancy or
+# pfs flush, new files at every checkpoint), where a fault lands in a background thread or
+# surfaces at a later call: 4 ranks on 2 nodes, one job with the fault, then a restart. Each
+# states the invariants instead of one step (which step a background fault leaves depends on
+# timing): the job ends (no hang); an injected error is raised on every rank alike; restart()
+# returns a step no older than the last one checkpoint() returned (nothing committed is lost)
+# and no newer than the job could commit; its arrays are that step's, bitwise.
+BACKGROUND_CONFIGS = {
+    "bg": {"background": True},
+    "bg-new": {"background": True, "reuse_files": False},
+    "async": {"async_flush": True},          # pfs only: the flush in the background, the cache level in line
+}
+BACKGROUND_ACTIONS = ("kill", "error", "exit")
+BACKGROUND_DEFAULT = {("partner", "bg", "error@background"), ("xor", "bg-new", "kill@background"),
+                      ("pfs", "bg-new", "error@pfs-layout"), ("pfs", "async", "exit@pfs-written")}
+
+
+class ConfigCase:
+    def __init__(self, level, config, action, phase, order):
+        self.level, self.config, self.action, self.phase, self.order = level, config, action, phase, order
+        self.kind = f"{config}-{action}@{phase}"
+        self.nprocs, self.rpn = 4, 2
+        # the rank: one that is not rank 0 (which prints), an aggregator for the layout, rank 0
+        # for what only rank 0 does
+        rank = {"pfs-layout": 2, "pfs-commit": 0, "pfs-renamed": 0}.get(phase, 1 if action != "error" else 3)
+        self.fault = f"{phase}:{rank}:{4 if phase == 'retire' else 9}:{action}"   # retire: while removing 4
+        # the newest step it can leave: an error (or a sys.exit() in a background thread, which
+        # is reported as one) lets the job go on to checkpoint 14 (rank 0 is killed at step 16)
+        self.newest = 9 if action == "kill" and phase != "retire" else 14
+        self.default = (level, config, f"{action}@{phase}") in BACKGROUND_DEFAULT
+
+    @property
+    def id(self):
+        return f"{self.level}-4r2n-{self.kind}"
+
+
+def config_cases():
+    out, order = [], itertools.count(20000)
+    for level, config in itertools.product(("partner", "xor", "rs", "pfs"), BACKGROUND_CONFIGS):
+        if config == "async" and level != "pfs":
+            continue
+        phases = ["write", "written", "commit", "committed", "retire"]
+        if level == "pfs":
+            phases += ["pfs-write", "pfs-written", "pfs-commit", "pfs-renamed"]
+            if not BACKGROUND_CONFIGS[config].get("reuse_files", True):
+                phases.insert(5, "pfs-layout")        # laid out at every step only with new files
+        else:
+            phases[2:2] = ["encode", "background"]
+        for phase, action in itertools.product(phases, BACKGROUND_ACTIONS):
+            out.append(ConfigCase(level, config, action, phase, next(order)))
+    return out
+
+
+CONFIG_CASES = config_cases()
+
+
 ENOSPC_LEVELS = {"local": True, "xor": True, "partner": False, "pfs": False}   # level: in the default subset
 READ_ONLY_KEY = "pfs-4r2n-read-only-pfs_dir"
 # every item of this module, key: default (True: always runs; False: the rotating pool, see the docstring)
 MATRIX_KEYS = {c.id: c.default for c in ALL_CASES}
 MATRIX_KEYS.update({f"{level}-4r4n-real-ENOSPC": d for level, d in ENOSPC_LEVELS.items()})
 MATRIX_KEYS[READ_ONLY_KEY] = True
-assert len(MATRIX_KEYS) == len(ALL_CASES) + len(ENOSPC_LEVELS) + 1, "matrix keys must be unique"
+MATRIX_KEYS.update({c.id: c.default for c in CONFIG_CASES})
+assert len(MATRIX_KEYS) == len(ALL_CASES) + len(ENOSPC_LEVELS) + 1 + len(CONFIG_CASES), "matrix keys must be unique"
 
 
 def matrix_marks(key):
@@ -418,6 +480,49 @@ def test_fault(case, crashed, tmp_path):
         assert got in case.expected, f"restart() returned {got}, expected one of {case.expected}\n{res}"
         if got is None:   # a warning says why; with nothing left at all, an INFO line says so
             assert warnings or "no checkpoint to restart from" in res.stderr, "a None restart must say why"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=matrix_marks(c.id)) for c in CONFIG_CASES])
+def test_fault_in_background_work(case, tmp_path):
+    n, rpn, level = case.nprocs, case.rpn, case.level
+    root = base_dir()
+    try:
+        config = BACKGROUND_CONFIGS[case.config]
+        args = ["--crash-at", -1 if case.action == "kill" else 16, "--crash-rank", 0]
+        res = job(n, rpn, root, level, *args, env={"_HPCCKPT_FAULT": case.fault}, config=config)
+        assert res.returncode != 0, f"the job ended normally:\n{res}"      # killed by the fault, or at step 16
+        done = [int(ln.split()[0]) for ln in res.lines("CKPT ")]
+        fails = res.lines("CKPTFAIL ")
+        cause = "(injected fault)" if case.action == "error" else "SystemExit: 5"
+        if fails:      # raised on every rank alike, at one call (an error after the manifest: a CollectiveError)
+            assert case.action != "kill" and case.phase != "retire", str(res)
+            assert len({f.split()[0] for f in fails}) == 1, str(res)
+            assert all(f.split()[1] in ("CheckpointWriteError", "CollectiveError") and cause in f for f in fails), str(res)
+        if case.action == "error" and case.phase != "retire":
+            assert len(fails) == n, str(res)      # and the job went on to step 16
+        elif len(fails) < n and case.phase != "retire":
+            # a kill, or a sys.exit() in the main thread: that rank ended the job at checkpoint 9
+            # (an exit aborts it: the others raised a CollectiveError, printed if the abort let them)
+            assert max(done) <= 9 and not any(f"rank={case.fault.split(':')[1]} " in f for f in fails), str(res)
+        # (a failed removal only warns: an error at retire lets the job go on)
+        res = job(n, rpn, root, level, "--steps", 0, "--restored", tmp_path / "restored", config=config,
+                  env={"HPCCKPT_LOG_LEVEL": "INFO"})
+        assert res.returncode == 0, str(res)
+        got = step_of(res)
+        wrong = check_restored(tmp_path / "restored", n, got)
+        oldest = max(done)          # at least 4, committed before the fault
+        ok = wrong is None and got is not None and oldest <= got <= case.newest
+        via = "pfs" if "from pfs" in res.stderr else "rebuilt" if "rebuilt rank" in res.stderr else "cache"
+        record("fault_matrix", {
+            "case": case.id, "order": case.order, "level": level, "ranks": n, "nodes": n // rpn,
+            "fault": f"{case.action}@{case.phase} ({case.config})", "expected": list(range(oldest, case.newest + 1, 5)),
+            "observed": got, "via": via, "ok": ok, "note": json.dumps(config),
+            "message": fails[0].split(" ", 2)[2][:160] if fails else ""})
+        assert wrong is None, wrong
+        assert got is not None and oldest <= got <= case.newest, \
+            f"restart() returned {got}; the last checkpoint() that returned was {oldest}\n{res}"
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

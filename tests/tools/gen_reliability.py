@@ -67,8 +67,9 @@ def render(d):
            "How to run: `python -m pytest tests/mpi/test_fault_matrix.py tests/mpi/test_hostile.py "
            "tests/mpi/test_soak.py tests/unit/test_fuzz_manifest.py` (what CI runs);",
            f"`RELIABILITY_FULL=1` for the full cross product ({len(matrix_keys())} matrix cases: levels local, partner, xor, rs,",
-           "pfs × 2, 4, 6, 8 ranks on 1-8 virtual nodes × every fault, and the real-ENOSPC and read-only",
-           "pfs_dir jobs), 1200 + 600 fuzz cases and a 1000-checkpoint soak;",
+           "pfs × 2, 4, 6, 8 ranks on 1-8 virtual nodes × every fault; a kill, an error or an exit in every",
+           "phase of a checkpoint under `background`, `background` with new files and `async_flush`; the",
+           "real-ENOSPC and read-only pfs_dir jobs), 1200 + 600 fuzz cases and a 1000-checkpoint soak;",
            "`RELIABILITY_RECORD=tests/tools/results` keeps the outcomes and `python tests/tools/gen_reliability.py`",
            "rewrites this file.", "",
            *selection_text(), ""]
@@ -79,7 +80,15 @@ def render(d):
             "or `enospc@` phase, injected with `_HPCCKPT_FAULT` into the checkpoint of step 9 (retire: while",
             "removing step 4 after 14 committed). `lose-N` deletes whole virtual-node caches; damage hits",
             "rank 1's files of step 9 unless named otherwise. group_size 4, rs_parity 2. `via`: how the",
-            "restored step came back (cache as written, rebuilt from redundancy, or from pfs).", "",
+            "restored step came back (cache as written, rebuilt from redundancy, or from pfs).",
+            "Cases `<level>-4r2n-<config>-<action>@<phase>` (`bg`: `background = true`; `bg-new`: and",
+            "`reuse_files = false`; `async`: `async_flush = true`) put the fault (SIGKILL, ENOSPC raised, or",
+            "`sys.exit(5)`) into that phase of checkpoint 9 on 4 ranks on 2 nodes, with no kill at step 12",
+            "(after an error rank 0 is killed at step 16). Which step such a fault leaves depends on timing",
+            "(background work runs beside the application), so *expected* is every step from the last one",
+            "`checkpoint()` returned in that job to the newest the job could commit; the test also checks",
+            "that an error was raised on every rank at one call and that the fault, not a later step, ended",
+            "the job.", "",
             f"{len(rows)} cases recorded, {sum(1 for r in rows if r['ok'])} as expected.", "",
             "| case | level | ranks/nodes | fault | expected | restored | via | ok | message |",
             "|---|---|---|---|---|---|---|---|---|"]
