@@ -8,7 +8,7 @@ never a hang (every job runs under the harness timeout, which kills the process 
 The application (apps/matrix_app.py) checkpoints every 5 steps (4, 9, 14, 19; keep = 2) and a
 rank is SIGKILLed at step 12, so checkpoints 4 and 9 are on disk. ``test_fault`` runs every level,
 placement and fault with the default configuration; ``test_fault_in_background_work`` puts a fault
-(kill, error, exit) into each phase of checkpoint 9 under ``background``, ``background`` with new
+(kill, error, exit, interrupt) into each phase of checkpoint 9 under ``background``, ``background`` with new
 files and ``async_flush``, and checks invariants rather than one step (see ConfigCase). Virtual nodes: cache_dir =
 <root>/node{node}, ranks_per_node picks the placement; losing a node = deleting its directory.
 
@@ -17,20 +17,20 @@ carries a ``matrix(key)`` mark and the module lists them all in MATRIX_KEYS.
 
 - Always: the representative default subset (21 items: ``Case.default``, ``ConfigCase.default``,
   the real-ENOSPC tests of local and xor and the read-only pfs_dir test).
-- Plus one rotating slice of the other 966 (the rotating pool, marked ``slow``): the pool sorted
-  by key and dealt into N = ceil(966 / SLICE_SIZE) slices of at most 25 (key i in slice i % N, so
+- Plus one rotating slice of the other 1036 (the rotating pool, marked ``slow``): the pool sorted
+  by key and dealt into N = ceil(1036 / SLICE_SIZE) slices of at most 25 (key i in slice i % N, so
   a slice mixes levels, placements and faults), slice ``seed % N`` runs. The seed is
   ``RELIABILITY_SLICE`` (an integer; ``none``: no slice), else the commit of the checkout (``git
   rev-parse HEAD`` as a number), else a fixed seed 0 (the line below says so). Each commit's hash
   picks its slice, so over many commits CI covers the whole matrix; a slice adds about 1.5-2
   minutes on 2 cores.
-- ``RELIABILITY_FULL=1``: all 987 (hours on 2 cores).
+- ``RELIABILITY_FULL=1``: all 1057 (hours on 2 cores).
 
 The other cases are deselected, not skipped; a case named by its full node id
 (``test_fault_matrix.py::test_fault[xor-8r8n-crash]``) always runs. A line after "collected" and
 at the end of the session says what ran, e.g. ``fault matrix: default subset 21 cases + slice 7
-of 39 (seed from commit abc1234: 25 cases) — RELIABILITY_SLICE=7 reruns it, RELIABILITY_FULL=1
-runs all 987``. ``-m "not slow"`` leaves out the slice: the default subset only (about a minute).
+of 42 (seed from commit abc1234: 25 cases) — RELIABILITY_SLICE=7 reruns it, RELIABILITY_FULL=1
+runs all 1057``. ``-m "not slow"`` leaves out the slice: the default subset only (about a minute).
 With ``RELIABILITY_RECORD=tests/tools/results`` the outcomes are kept for docs/RELIABILITY.md
 (``python tests/tools/gen_reliability.py``).
 """
@@ -291,7 +291,9 @@ ALL_CASES = cases()
 # pfs flush, new files at every checkpoint), where a fault lands in a background thread or
 # surfaces at a later call: 4 ranks on 2 nodes, one job with the fault, then a restart. Each
 # states the invariants instead of one step (which step a background fault leaves depends on
-# timing): the job ends (no hang); an injected error is raised on every rank alike; restart()
+# timing): the job ends (no hang); an injected error is raised on every rank alike (so is a
+# sys.exit() or an interrupt in a background thread; in the main thread they end the job through
+# an abort, as a kill does); restart()
 # returns a step no older than the last one checkpoint() returned (nothing committed is lost)
 # and no newer than the job could commit; its arrays are that step's, bitwise.
 BACKGROUND_CONFIGS = {
@@ -299,7 +301,7 @@ BACKGROUND_CONFIGS = {
     "bg-new": {"background": True, "reuse_files": False},
     "async": {"async_flush": True},          # pfs only: the flush in the background, the cache level in line
 }
-BACKGROUND_ACTIONS = ("kill", "error", "exit")
+BACKGROUND_ACTIONS = ("kill", "error", "exit", "interrupt")
 BACKGROUND_DEFAULT = {("partner", "bg", "error@background"), ("xor", "bg-new", "kill@background"),
                       ("pfs", "bg-new", "error@pfs-layout"), ("pfs", "async", "exit@pfs-written")}
 
@@ -495,7 +497,7 @@ def test_fault_in_background_work(case, tmp_path):
         assert res.returncode != 0, f"the job ended normally:\n{res}"      # killed by the fault, or at step 16
         done = [int(ln.split()[0]) for ln in res.lines("CKPT ")]
         fails = res.lines("CKPTFAIL ")
-        cause = "(injected fault)" if case.action == "error" else "SystemExit: 5"
+        cause = {"error": "(injected fault)", "exit": "SystemExit: 5", "interrupt": "KeyboardInterrupt"}[case.action]
         if fails:      # raised on every rank alike, at one call (an error after the manifest: a CollectiveError)
             assert case.action != "kill" and case.phase != "retire", str(res)
             assert len({f.split()[0] for f in fails}) == 1, str(res)
@@ -503,8 +505,8 @@ def test_fault_in_background_work(case, tmp_path):
         if case.action == "error" and case.phase != "retire":
             assert len(fails) == n, str(res)      # and the job went on to step 16
         elif len(fails) < n and case.phase != "retire":
-            # a kill, or a sys.exit() in the main thread: that rank ended the job at checkpoint 9
-            # (an exit aborts it: the others raised a CollectiveError, printed if the abort let them)
+            # a kill, or a sys.exit() or an interrupt in the main thread: that rank ended the job at
+            # checkpoint 9 (it aborts it: the others raised a CollectiveError, printed if the abort let them)
             assert max(done) <= 9 and not any(f"rank={case.fault.split(':')[1]} " in f for f in fails), str(res)
         # (a failed removal only warns: an error at retire lets the job go on)
         res = job(n, rpn, root, level, "--steps", 0, "--restored", tmp_path / "restored", config=config,
