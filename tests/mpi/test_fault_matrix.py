@@ -7,10 +7,11 @@ never a hang (every job runs under the harness timeout, which kills the process 
 
 The application (apps/matrix_app.py) checkpoints every 5 steps (4, 9, 14, 19; keep = 2) and a
 rank is SIGKILLed at step 12, so checkpoints 4 and 9 are on disk. ``test_fault`` runs every level,
-placement and fault with the default configuration; ``test_fault_in_background_work`` puts a fault
-(kill, error, exit, interrupt) into each phase of checkpoint 9 under ``background``, ``background`` with new
-files and ``async_flush``, and checks invariants rather than one step (see ConfigCase). Virtual nodes: cache_dir =
-<root>/node{node}, ranks_per_node picks the placement; losing a node = deleting its directory.
+placement and fault with the default configuration; ``test_fault_in_background_work`` puts a
+fault (kill, error, exit, interrupt) into each phase of checkpoint 9 under ``background``,
+``background`` with new files and ``async_flush``, and checks invariants rather than one step
+(see ConfigCase). Virtual nodes: cache_dir = <root>/node{node}, ranks_per_node picks the
+placement; losing a node = deleting its directory.
 
 Which cases run (the hook in tests/mpi/conftest.py, the rule in reliability.select): every item
 carries a ``matrix(key)`` mark and the module lists them all in MATRIX_KEYS.
@@ -293,9 +294,9 @@ ALL_CASES = cases()
 # states the invariants instead of one step (which step a background fault leaves depends on
 # timing): the job ends (no hang); an injected error is raised on every rank alike (so is a
 # sys.exit() or an interrupt in a background thread; in the main thread they end the job through
-# an abort, as a kill does); restart()
-# returns a step no older than the last one checkpoint() returned (nothing committed is lost)
-# and no newer than the job could commit; its arrays are that step's, bitwise.
+# an abort, as a kill does); restart() returns a step no older than the last one checkpoint()
+# returned (nothing committed is lost) and no newer than the job could commit; its arrays are
+# that step's, bitwise.
 BACKGROUND_CONFIGS = {
     "bg": {"background": True},
     "bg-new": {"background": True, "reuse_files": False},
@@ -315,8 +316,8 @@ class ConfigCase:
         # for what only rank 0 does
         rank = {"pfs-layout": 2, "pfs-commit": 0, "pfs-renamed": 0}.get(phase, 1 if action != "error" else 3)
         self.fault = f"{phase}:{rank}:{4 if phase == 'retire' else 9}:{action}"   # retire: while removing 4
-        # the newest step it can leave: an error (or a sys.exit() in a background thread, which
-        # is reported as one) lets the job go on to checkpoint 14 (rank 0 is killed at step 16)
+        # the newest step it can leave: an error (or an exit or interrupt in a background thread,
+        # reported as one) lets the job go on to checkpoint 14 (rank 0 is killed at step 16)
         self.newest = 9 if action == "kill" and phase != "retire" else 14
         self.default = (level, config, f"{action}@{phase}") in BACKGROUND_DEFAULT
 
@@ -442,6 +443,19 @@ def apply_damage(case, root):
             raise AssertionError(what)
 
 
+def restart_restored(case, root, tmp_path, config=None):
+    """Launch the job again to restart and dump its arrays: (result, restored step, None or what
+    differs from that step's state, how it came back: pfs / rebuilt / cache / -)."""
+    res = job(case.nprocs, case.rpn, root, case.level, "--steps", 0, "--restored", tmp_path / "restored",
+              config=config, env={"HPCCKPT_LOG_LEVEL": "INFO"})
+    assert res.returncode == 0, str(res)
+    got = step_of(res)
+    wrong = check_restored(tmp_path / "restored", case.nprocs, got)
+    via = ("pfs" if "from pfs" in res.stderr else "rebuilt" if "rebuilt rank" in res.stderr
+           else "cache" if got is not None else "-")
+    return res, got, wrong, via
+
+
 @pytest.mark.parametrize("case", list(params()))
 def test_fault(case, crashed, tmp_path):
     n, rpn, level = case.nprocs, case.rpn, case.level
@@ -463,15 +477,9 @@ def test_fault(case, crashed, tmp_path):
                     assert not glob.glob(os.path.join(root, "node*", "app", "step_0000000009", "rank_*")), \
                         os.listdir(os.path.join(root, "node0", "app"))
         apply_damage(case, root)
-        res = job(n, rpn, root, level, "--steps", 0, "--restored", tmp_path / "restored",
-                  env={"HPCCKPT_LOG_LEVEL": "INFO"})
-        assert res.returncode == 0, str(res)
-        got = step_of(res)
-        wrong = check_restored(tmp_path / "restored", n, got)
+        res, got, wrong, via = restart_restored(case, root, tmp_path)
         warnings = [ln.split("WARNING: ", 1)[1] for ln in res.stderr.splitlines() if "WARNING: " in ln
                     and "cannot survive" not in ln]
-        via = ("pfs" if "from pfs" in res.stderr else "rebuilt" if "rebuilt rank" in res.stderr
-               else "cache" if got is not None else "-")
         record("fault_matrix", {
             "case": case.id, "order": case.order, "level": level, "ranks": n, "nodes": n // rpn + (n % rpn > 0),
             "fault": case.kind, "expected": sorted(case.expected, key=str), "observed": got, "via": via,
@@ -509,14 +517,9 @@ def test_fault_in_background_work(case, tmp_path):
             # checkpoint 9 (it aborts it: the others raised a CollectiveError, printed if the abort let them)
             assert max(done) <= 9 and not any(f"rank={case.fault.split(':')[1]} " in f for f in fails), str(res)
         # (a failed removal only warns: an error at retire lets the job go on)
-        res = job(n, rpn, root, level, "--steps", 0, "--restored", tmp_path / "restored", config=config,
-                  env={"HPCCKPT_LOG_LEVEL": "INFO"})
-        assert res.returncode == 0, str(res)
-        got = step_of(res)
-        wrong = check_restored(tmp_path / "restored", n, got)
+        res, got, wrong, via = restart_restored(case, root, tmp_path, config)
         oldest = max(done)          # at least 4, committed before the fault
         ok = wrong is None and got is not None and oldest <= got <= case.newest
-        via = "pfs" if "from pfs" in res.stderr else "rebuilt" if "rebuilt rank" in res.stderr else "cache"
         record("fault_matrix", {
             "case": case.id, "order": case.order, "level": level, "ranks": n, "nodes": n // rpn,
             "fault": f"{case.action}@{case.phase} ({case.config})", "expected": list(range(oldest, case.newest + 1, 5)),
