@@ -65,7 +65,8 @@ root = sys.argv[2]
 t = {}
 with hpcckpt.Checkpointer(comm, name="numba", cache_dir=os.path.join(root, "node{node}"), pfs_dir=os.path.join(root, "pfs"),
                           ranks_per_node=1, group_size=4, rs_parity=2, keep=1) as ckpt:
-    ckpt.protect("u", np.full((int(sys.argv[3]) << 20) // 8, comm.rank + 1.0))
+    u = np.full((int(sys.argv[3]) << 20) // 8, comm.rank + 1.0)
+    ckpt.protect("u", u)
     for i in range(2):
         comm.Barrier(); t0 = time.perf_counter()
         ckpt.checkpoint(i, level="rs")

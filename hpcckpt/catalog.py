@@ -26,7 +26,7 @@ from .errors import HpcCkptError
 MAX_DEPTH = 6
 MAX_STATE_DOCUMENT = 64 << 20           # a state document larger than this is not read by inspect
 PFS_FILES_RE = re.compile(r"^(COMMITTED\.json|checkpoint\.h5|node_[0-9]{6}\.h5)$")
-PFS_TMP_RE = re.compile(r"^step_([0-9]{10})\.tmp-")
+PFS_TMP_RE = re.compile(r"^(step_[0-9]{10,13})\.tmp-")
 REDUNDANCY = ("partner", "xor", "rs")
 
 
@@ -218,8 +218,9 @@ def _walk(cat, path, depth, max_depth):
         kind = _kind(e)
         estep = mf.parse_step_dir_name(e.name)
         tmp = PFS_TMP_RE.match(e.name)
-        if tmp and kind == "dir":
-            cat.pfs.append(PfsStep(e.path, int(tmp.group(1)), tmp=True))
+        tmp_step = mf.parse_step_dir_name(tmp.group(1)) if tmp else None
+        if tmp_step is not None and kind == "dir":
+            cat.pfs.append(PfsStep(e.path, tmp_step, tmp=True))
         elif estep is not None and kind != "dir":
             what = "is a symbolic link; not followed" if kind == "link" else "is not a directory"
             cat.problems.append(Problem(e.path, "named like a step directory but " + what, estep))

@@ -51,6 +51,7 @@ from .levels.registry import REDUNDANT, SPECS
 from .levels.pfs import Item, PfsStore, items_from_manifest, listing as pfs_listing, remove_step_dir
 from .levels.pfs_index import committed_steps as pfs_committed, max_index_bytes
 from .lock import DirLock
+from .protected import Protected, dropped, dropped_message
 from .relocate import relocate
 from .topology import Topology, survivability_warnings
 
@@ -70,12 +71,6 @@ class CheckpointInfo:
     def bandwidth(self):
         """Aggregate bytes per second."""
         return self.bytes / self.seconds if self.seconds > 0 else float("inf")
-
-
-@dataclasses.dataclass
-class _Protected:
-    array: np.ndarray
-    layout: st.Layout
 
 
 class _Background:
@@ -394,7 +389,7 @@ class Checkpointer:
                 raise ProtectError(f"array {name!r}: {e}") from None
         layout = st.PER_RANK if layout is None else st.as_layout(layout)
         _check_layout(name, array, layout, self.comm.rank)
-        self._arrays[name] = _Protected(array, layout)
+        self._arrays[name] = Protected(array, layout)
 
     def unprotect(self, name):
         """Local: stop protecting ``name``."""
@@ -489,6 +484,8 @@ class Checkpointer:
         # 1. the same call on every rank; rank 0's checkpoint id comes with it
         with Collective(self._comm, f"checkpoint({step!r}, level={level!r})") as c:
             step = self._check_checkpoint_args(step, level, state)
+            if stale := dropped(self._arrays):      # the application rebound a protected name
+                raise ProtectError(dropped_message(step, stale))
             ident = uuid.uuid4().int if self.comm.rank == 0 else 0
             code = _LEVEL_CODE[level]
             names = _digest_int(sorted(self._arrays))      # protect() names: the same on every rank

@@ -324,10 +324,13 @@ def step_dir_name(step):
 
 
 def parse_step_dir_name(name):
-    """The step number of a directory name like step_0000000012, or None."""
-    if name.startswith("step_") and len(name) == 15 and name[5:].isdigit():
-        return int(name[5:])
-    return None
+    """The step number of a step directory's name (step_dir_name's: at least ten digits, more only
+    for steps of 10**10 and over), or None for any other name."""
+    digits = name[5:]
+    if not name.startswith("step_") or not 10 <= len(digits) <= 13 or not digits.isascii() or not digits.isdigit():
+        return None
+    step = int(digits)
+    return step if step <= MAX_STEP and step_dir_name(step) == name else None
 
 
 def data_file_name(rank):

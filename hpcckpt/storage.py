@@ -6,6 +6,7 @@ import logging
 import mmap
 import os
 import shutil
+import stat
 
 import numpy as np
 
@@ -41,6 +42,34 @@ def makedirs(path, mode=0o700):
         except FileExistsError:
             if not os.path.isdir(d):
                 raise
+
+
+def is_own_dir(path):
+    """Local: whether ``path`` is a directory itself, not a symbolic link to one (lstat)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def own_dir(path, mode=0o700):
+    """Local: make ``path`` a directory of the library's own and return it: created when missing;
+    a symbolic link (or any other non-directory) planted there is removed, never followed — with
+    a warning — and a directory made in its place. For the directories the library moves files
+    into and out of (spares, trash): a link there would move files outside its directories."""
+    if is_own_dir(path):
+        return path
+    if os.path.lexists(path):
+        log.warning("%s is %s, not a directory of hpcckpt's: removed (not followed) and replaced by a "
+                    "directory", path, "a symbolic link" if os.path.islink(path) else "not a directory")
+        try:
+            os.unlink(path)
+        except (FileNotFoundError, IsADirectoryError):
+            pass                # another rank of the node replaced it first
+    makedirs(path, mode)
+    if not is_own_dir(path):    # planted again, or a directory that cannot be unlinked
+        raise OSError(errno.ENOTDIR, "not a directory of hpcckpt's (a symbolic link?)", path)
+    return path
 
 
 def safe_join(root, *parts):
@@ -183,8 +212,12 @@ def remove_path(path, keep=None, spare=None):
 
 
 def remove_tree(path):
-    """Local: shutil.rmtree; missing is fine, other failures are logged (a later retire retries)."""
+    """Local: shutil.rmtree; missing is fine, a symbolic link is unlinked (never followed), other
+    failures are logged (a later retire retries)."""
     try:
+        if os.path.islink(path):
+            os.unlink(path)
+            return
         shutil.rmtree(path)
     except FileNotFoundError:
         pass

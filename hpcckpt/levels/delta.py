@@ -34,7 +34,7 @@ import struct
 import numpy as np
 import xxhash
 
-from .. import storage
+from .. import manifest as mf, storage
 from ..errors import CorruptCheckpointError
 
 MAGIC = b"HCKBLKS1"
@@ -368,7 +368,7 @@ def materialize_held(held_dir, name, size):
     index_path = os.path.join(held_dir, stem + ".delta.json")
     idx = check_delta_info(storage.read_json(index_path), index_path)
     step_dir = os.path.dirname(os.path.abspath(held_dir))
-    base_held = os.path.join(os.path.dirname(step_dir), f"step_{idx['base_step']:010d}", os.path.basename(held_dir))
+    base_held = os.path.join(os.path.dirname(step_dir), mf.step_dir_name(idx['base_step']), os.path.basename(held_dir))
     base = np.fromfile(os.path.join(base_held, name), np.uint8)
     if base.size != idx["base_size"] or idx["data_size"] != size:
         raise CorruptCheckpointError(f"{index_path}: the base step {idx['base_step']} has no {name} of "

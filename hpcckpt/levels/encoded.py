@@ -161,7 +161,7 @@ class EncodedLevel(RedundancyLevel):
         coef = code_matrix(kd, m)
         parity_path, _ = self._paths(step)
         data = deferred.run(self.cache.data_view, manifest)   # the mapping the write left, when kept
-        deferred.run(storage.makedirs, self.cache.held_dir(step), self.cache.cfg.dir_mode)
+        deferred.run(storage.own_dir, self.cache.held_dir(step), self.cache.cfg.dir_mode)
         deferred.run(self.cache.reuse_held_spare, parity_path)
         fd_out = deferred.run(os.open, parity_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, self.cache.cfg.file_mode)
         deferred.run(faults.hit, "encode", self.comm.rank, step)   # test hook: kill/ENOSPC mid-encoding
@@ -227,7 +227,7 @@ class EncodedLevel(RedundancyLevel):
         fd_old = deferred.run(os.open, self.cache.data_path(base_step), ro) if old_bytes is None else None
         fd_par = deferred.run(os.open, self._paths(base_step)[0], ro)
         delta_path, index_path = self._delta_paths(step)
-        deferred.run(storage.makedirs, self.cache.held_dir(step), cfg.dir_mode)
+        deferred.run(storage.own_dir, self.cache.held_dir(step), cfg.dir_mode)
         deferred.run(self.cache.reuse_held_spare, delta_path)    # overwritten, then truncated
         fd_out = deferred.run(os.open, delta_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, cfg.file_mode)
         deferred.run(faults.hit, "encode", self.comm.rank, step)
@@ -374,7 +374,7 @@ class EncodedLevel(RedundancyLevel):
                 "manifests": manifests, "parity_checksums": checksums}
         if segments is not None:     # incremental: (segment bytes, [[checksum of each segment] per parity])
             info["segment"], info["segment_checksums"] = segments
-        deferred.run(storage.makedirs, self.cache.held_dir(step), self.cache.cfg.dir_mode)
+        deferred.run(storage.own_dir, self.cache.held_dir(step), self.cache.cfg.dir_mode)
         deferred.run(storage.atomic_write_json, self._paths(step)[1], info, self.cache.cfg.file_mode,
                      self.cache.cfg.cache_fsync)
 
@@ -456,7 +456,7 @@ class EncodedLevel(RedundancyLevel):
             return (parity_path, p * piece) if p < m else (self.cache.data_path(step), (p - m) * piece)
 
         parity_path, _ = self._paths(step)
-        deferred.run(storage.makedirs, self.cache.held_dir(step), self.cache.cfg.dir_mode)
+        deferred.run(storage.own_dir, self.cache.held_dir(step), self.cache.cfg.dir_mode)
         flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
         if lost_data[pos] or lost_parity[pos]:
             deferred.run(faults.hit, "rebuild", me, step)   # test hook: kill/ENOSPC on a rebuilt rank

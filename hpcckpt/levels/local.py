@@ -83,29 +83,36 @@ class LocalCache:
         return os.path.join(self.step_dir(step), f"held_{self.rank:06d}")
 
     @property
+    def spare_dir(self):
+        """Where retired files wait to be overwritten or unlinked; only ever used as a directory
+        of its own (storage.own_dir, storage.is_own_dir): never through a link planted there."""
+        return os.path.join(self.root, "spare")
+
+    @property
     def spare_path(self):
-        return os.path.join(self.root, "spare", mf.data_file_name(self.rank))
+        return os.path.join(self.spare_dir, mf.data_file_name(self.rank))
 
     def held_spare_path(self, name):
         """Where a retired file ``name`` of this rank's held directory waits to be overwritten."""
-        return os.path.join(self.root, "spare", f"held_{self.rank:06d}_{name}")
+        return os.path.join(self.spare_dir, f"held_{self.rank:06d}_{name}")
 
     def reuse_held_spare(self, path):
         """Local: before writing held file ``path``, move the retired file of the same name there
         (``reuse_files``); the caller overwrites it in place and truncates it to its size, which
         on tmpfs is much faster than a new file."""
         spare = self.held_spare_path(os.path.basename(path))
-        if self.cfg.reuse_files and not os.path.lexists(path) and os.path.isfile(spare) \
-                and not os.path.islink(spare):
+        if self.cfg.reuse_files and not os.path.lexists(path) and storage.is_own_dir(self.spare_dir) \
+                and os.path.isfile(spare) and not os.path.islink(spare):
             os.replace(spare, path)
 
     def _keep_as_spare(self, path, spare):
         """Move retired file ``path`` to ``spare`` (``reuse_files``) unless a spare is already
         kept there; True when moved."""
-        if not self.cfg.reuse_files or os.path.islink(path) or not os.path.isfile(path) \
-                or os.path.exists(spare):
+        if not self.cfg.reuse_files or os.path.islink(path) or not os.path.isfile(path):
             return False
-        storage.makedirs(os.path.dirname(spare), self.cfg.dir_mode)
+        storage.own_dir(self.spare_dir, self.cfg.dir_mode)
+        if os.path.lexists(spare):
+            return False
         os.replace(path, spare)
         return True
 
@@ -113,9 +120,9 @@ class LocalCache:
         """Move retired file ``path`` into ``spare/`` under a name of its own and unlink it there in
         a background thread: freeing a large file's pages on tmpfs takes milliseconds that the
         checkpoint need not wait for. A crash leaves it to prepare()."""
-        trash = os.path.join(self.root, "spare", f"trash_{self.rank:06d}_{uuid.uuid4().hex[:12]}")
+        trash = os.path.join(self.spare_dir, f"trash_{self.rank:06d}_{uuid.uuid4().hex[:12]}")
         try:
-            storage.makedirs(os.path.dirname(trash), self.cfg.dir_mode)
+            storage.own_dir(self.spare_dir, self.cfg.dir_mode)
             os.replace(path, trash)
         except FileNotFoundError:
             return
@@ -132,8 +139,8 @@ class LocalCache:
 
     def _in_spare(self, *prefixes):
         """Local: the paths in ``spare/`` whose names start with one of ``prefixes`` (this rank's)."""
-        spare = os.path.join(self.root, "spare")
-        if not os.path.isdir(spare) or os.path.islink(spare):
+        spare = self.spare_dir
+        if not storage.is_own_dir(spare):
             return []
         return [os.path.join(spare, name) for name in os.listdir(spare) if name.startswith(prefixes)]
 
@@ -166,7 +173,8 @@ class LocalCache:
         storage.makedirs(self.step_dir(step), self.cfg.dir_mode)
         path = self.data_path(step)
         reuse = None
-        if self.cfg.reuse_files and not os.path.exists(path) and os.path.lexists(self.spare_path):
+        if self.cfg.reuse_files and not os.path.exists(path) and storage.is_own_dir(self.spare_dir) \
+                and os.path.lexists(self.spare_path):
             if os.path.isfile(self.spare_path) and not os.path.islink(self.spare_path):
                 reuse = self.spare_path
             elif not self._odd_spare_told:      # a directory or link put there: never renamed into the step

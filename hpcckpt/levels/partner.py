@@ -95,7 +95,7 @@ class PartnerLevel(RedundancyLevel):
         def path_for(src):
             def make(meta):
                 faults.hit("encode", self.comm.rank, step)   # test hook: kill/ENOSPC while storing copies
-                storage.makedirs(self.cache.held_dir(step), cfg.dir_mode)
+                storage.own_dir(self.cache.held_dir(step), cfg.dir_mode)
                 path = self._delta_paths(step, src)[0] if incremental else self._copy_paths(step, src)[0]
                 self.cache.reuse_held_spare(path)
                 return path

@@ -165,7 +165,7 @@ class PfsStore:
         communicators. Calling it twice is harmless."""
         if self.comm is not None:
             self._deleter.wait()
-            if self.is_aggregator:
+            if self.is_aggregator and storage.is_own_dir(os.path.dirname(self._spare_path())):
                 storage.remove_file(self._spare_path())
             self.comm.Barrier()                 # every node's removals are done: .trash is empty
             if self.rank == 0:
@@ -253,7 +253,9 @@ class PfsStore:
         try:
             if not os.path.isdir(self.root):
                 self._recreate_root()
-            if os.path.lexists(tmp):
+            if os.path.islink(tmp) or os.path.isfile(tmp):
+                os.unlink(tmp)              # planted: never followed
+            elif os.path.lexists(tmp):
                 shutil.rmtree(tmp)
             os.mkdir(tmp, self.cfg.dir_mode)
         except OSError as e:
@@ -279,7 +281,8 @@ class PfsStore:
         files.relayout_node_file); its offsets, or None (no spare, or one that cannot be used) for
         a new file."""
         spare = self._spare_path()
-        if not self.cfg.reuse_files or os.path.islink(spare) or not os.path.isfile(spare):
+        if not self.cfg.reuse_files or not storage.is_own_dir(os.path.dirname(spare)) or os.path.islink(spare) \
+                or not os.path.isfile(spare):
             return None
         if not self._spare_intact(spare):
             log.debug("rank %d: pfs step %d: the spare %s is not a node file this process wrote, intact: not "
@@ -800,7 +803,7 @@ class PfsStore:
                 raise HpcCkptError(f"keep must be a positive integer, got {keep!r}")
             if self.rank == 0:
                 retired = []
-                for name in sorted(os.listdir(self.trash)) if os.path.isdir(self.trash) else []:
+                for name in sorted(os.listdir(self.trash)) if storage.is_own_dir(self.trash) else []:
                     self._deleter.remove(os.path.join(self.trash, name))   # left by a crash
                 readable = self.listing()
                 ours = sorted(s for s, (e, _) in readable.items() if epoch is None or e == epoch)
@@ -823,7 +826,7 @@ class PfsStore:
         retired = self.comm.bcast(retired, root=0)
         spare = self._spare_path() if self.cfg.reuse_files and self.is_aggregator and retired else None
         if spare is not None:
-            storage.makedirs(os.path.dirname(spare), self.cfg.dir_mode)
+            storage.own_dir(os.path.dirname(spare), self.cfg.dir_mode)
         for path in retired:
             if self.is_aggregator:      # the first becomes this node's spare (reuse_files), if it has none
                 self._deleter.remove(os.path.join(path, lay.node_file(self.node)), spare=spare)
@@ -837,7 +840,7 @@ class PfsStore:
             storage.remove_file(path)
             return None
         storage.remove_file(os.path.join(path, MARKER))
-        storage.makedirs(self.trash, self.cfg.dir_mode)
+        storage.own_dir(self.trash, self.cfg.dir_mode)
         trashed = os.path.join(self.trash, f"{os.path.basename(path)}-{uuid.uuid4().hex[:12]}")
         try:
             os.rename(path, trashed)

@@ -211,6 +211,18 @@ def _running(launcher):
     return "\n".join(rows) or "(no process of the job)"
 
 
+def snapshot(path):
+    """{path: (mode, size, mtime)} of everything under ``path`` (links not followed): taken
+    before and after a job to show it touched nothing there."""
+    out = {}
+    for dirpath, dirnames, files in os.walk(path):
+        for name in files + dirnames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            out[p] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return out
+
+
 def outputs(path):
     """{file name: bytes} of the .npy files an application wrote to ``path``."""
     return {os.path.basename(f): open(f, "rb").read() for f in sorted(glob.glob(os.path.join(path, "*.npy")))}

@@ -17,6 +17,7 @@ import pytest
 
 import hpcckpt
 from hpcckpt import errors, manifest as mf
+from harness import snapshot
 from reliability import expected_state, record
 
 pytestmark = pytest.mark.mpi
@@ -59,16 +60,6 @@ def restart(root, **kw):
         for g, w in zip((u, grid, it), expected_state(0, step)):
             assert g.tobytes() == np.asarray(w).tobytes(), "WRONG DATA"
     return step
-
-
-def snapshot(path):
-    out = {}
-    for dirpath, dirnames, files in os.walk(path):
-        for f in files + dirnames:
-            p = os.path.join(dirpath, f)
-            st = os.lstat(p)
-            out[p] = (st.st_mode, st.st_size, st.st_mtime_ns)
-    return out
 
 
 @pytest.fixture
@@ -491,12 +482,14 @@ def test_a_global_layout_on_a_value_that_is_not_an_array_is_refused(layout, tmp_
 def test_numpy_integer_steps_are_steps(tmp_path):
     """for step in np.arange(...): NumPy integers are taken as the steps they are."""
     with make(str(tmp_path)) as ck:
-        ck.protect("a", np.arange(3.0))
+        a = np.arange(3.0)
+        ck.protect("a", a)
         for step in (np.int64(3), np.int32(4), np.uint64(5)):
             ck.need_checkpoint(step)
             assert ck.checkpoint(step, level="local").step == int(step)
     with make(str(tmp_path)) as ck:
-        ck.protect("a", np.zeros(3))
+        a = np.zeros(3)
+        ck.protect("a", a)
         step = ck.restart()
         assert type(step) is int and step == 5
 

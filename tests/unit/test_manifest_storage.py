@@ -87,6 +87,41 @@ def test_read_json_refuses_huge_symlinked_and_garbage(tmp_path):
         storage.read_json(str(link))
 
 
+@pytest.mark.parametrize("step", [0, 12, 9999999999, 10**10, 10**10 + 1, 10**12, mf.MAX_STEP])
+def test_every_step_has_one_directory_name_that_parses_back(step):
+    name = mf.step_dir_name(step)
+    assert mf.parse_step_dir_name(name) == step
+    assert len(name) == 5 + max(10, len(str(step)))
+
+
+@pytest.mark.parametrize("name", ["step_000000001", "step_00000000012", "step_01000000000", "step_0000000012x",
+                                  "step_-000000001", "step_" + "\u0661" * 10, "step_1099511627776",
+                                  "step_99999999999999", "stp_0000000001", "step_0000000001.tmp-ab"])
+def test_other_names_are_not_step_directories(name):
+    """Only step_dir_name's own spelling: no second name for a step (leading zeros past ten
+    digits), nothing past MAX_STEP, ASCII digits only."""
+    assert mf.parse_step_dir_name(name.encode().decode("unicode_escape")) is None
+
+
+def test_own_dir_replaces_a_planted_link_and_never_follows_it(tmp_path, caplog):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("not yours")
+    spare = tmp_path / "job" / "spare"
+    spare.parent.mkdir()
+    os.symlink(outside, spare)
+    assert not storage.is_own_dir(spare) and os.path.isdir(spare)
+    with caplog.at_level("WARNING", logger="hpcckpt"):
+        assert storage.own_dir(str(spare)) == str(spare)
+    assert storage.is_own_dir(spare) and not os.listdir(spare)
+    assert (outside / "precious").read_text() == "not yours"
+    assert "symbolic link" in caplog.text and "not followed" in caplog.text
+    storage.remove_tree(str(spare))
+    os.symlink(outside, spare)
+    storage.remove_tree(str(spare))            # the link goes, what it points to stays
+    assert not os.path.lexists(spare) and (outside / "precious").exists()
+
+
 def test_safe_join_refuses_escapes(tmp_path):
     assert storage.safe_join(str(tmp_path), "a", "b").endswith("a/b")
     for bad in ("..", "/etc", "a/../..", "", "x\0y"):

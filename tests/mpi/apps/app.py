@@ -81,7 +81,8 @@ try:  # an error hpcckpt raised on every rank leaves the block on every rank (no
         ckpt.protect("grid", grid)
         ckpt.protect("it", it)
         if rank == a.extra_array_on_rank:
-            ckpt.protect("extra", np.zeros(3))
+            extra = np.zeros(3)
+            ckpt.protect("extra", extra)
         initial = [x.copy() for x in (u, grid, it)]
         start = None
         if not a.no_restart:

@@ -33,7 +33,8 @@ def say(line):
 
 cfg = {"name": "calls", "cache_dir": a.cache, "ranks_per_node": 1, "background": True, "log_level": "WARNING"}
 with hpcckpt.Checkpointer(comm, config=cfg) as ckpt:
-    ckpt.protect("u", np.arange(100.0) + rank)
+    u = np.arange(100.0) + rank
+    ckpt.protect("u", u)
     if a.case == "need-disagree":
         for step in (rank, "x" if rank == 0 else 1):
             try:

@@ -122,7 +122,8 @@ with hpcckpt.Checkpointer(comm, config=cfg) as ckpt:
                 say("MATCH" if ok else "DIFF")
         elif a.case == "overlap":
             kept = np.full(4, -1.0)
-            ckpt.protect("a", np.arange(4.0) if not a.restore else kept)
+            fresh = np.arange(4.0)
+            ckpt.protect("a", fresh if not a.restore else kept)
             if not a.restore:
                 say(f"OK {ckpt.checkpoint(1, {'b': 1.5}, level=a.level).step}")
             else:
