@@ -52,6 +52,7 @@ import numpy as np
 from .. import faults, manifest as mf, state as st, storage
 from ..codecs.checksum import new_hasher
 from ..comm import Collective
+from ..watchdog import watch
 from ..errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError, IncompatibleCheckpointError,
                       MismatchError, ProtectError)
 from . import hdf5_layout as lay
@@ -167,7 +168,8 @@ class PfsStore:
             self._deleter.wait()
             if self.is_aggregator:
                 storage.remove_file(self._spare_path())
-            self.comm.Barrier()                 # every node's removals are done: .trash is empty
+            with watch("the other ranks in closing the pfs level (MPI_Barrier)"):
+                self.comm.Barrier()             # every node's removals are done: .trash is empty
             if self.rank == 0:
                 storage.remove_tree(self.trash)
                 storage.remove_tree(os.path.join(self.root, SPARE))
@@ -943,7 +945,8 @@ class NodeWriter:
     def close(self):
         if self._thread is not None:
             self._queue.put(None)
-            self._thread.join()
+            with watch("this rank's pfs writer thread (writing %s)", self.path):
+                self._thread.join()
             self._thread = self._queue = None      # what a failed thread left queued is released
         return self.error
 
