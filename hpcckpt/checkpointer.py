@@ -102,7 +102,7 @@ class _Background:
 
     def join(self):
         """Local: wait for the thread; return its error (or None)."""
-        with watchdog.watch("this rank's background thread: the %s", f"{self.what} of step {self.step}"):
+        with watchdog.watch("this rank's background thread: the %s of step %d", (self.what, self.step)):
             self.thread.join()
         return self.error
 
@@ -1335,7 +1335,7 @@ def _digest_int(values):
 
 
 def _settings_digest(cfg):
-    """An int digest of every setting that must be the same on all ranks (all but log_level)."""
+    """An int digest of every setting that must be the same on all ranks (all but LOCAL_KEYS)."""
     values = {k: v for k, v in cfg.as_dict().items() if k not in LOCAL_KEYS}
     return _digest_int(json.loads(json.dumps(values, sort_keys=True, default=str)))
 

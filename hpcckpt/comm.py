@@ -29,8 +29,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import errors
-from .watchdog import watch
 from .errors import CollectiveError, HpcCkptError
+from .watchdog import watch
 
 U64_MAX = (1 << 64) - 1
 WORDS = 8             # the words an agreement carries (fixed, so every rank reduces the same size)

@@ -360,7 +360,8 @@ def _parse_value(key, value):
     if key == "end_margin":
         return parse_duration(value, "end_margin")       # refuses negative durations
     if key == "stall_timeout":      # seconds or a duration; 0, "off", "none" or false: no watchdog
-        if value is None or value is False or (isinstance(value, str) and value.strip().lower() in ("off", "none", "false", "no")):
+        if value is None or value is False or (isinstance(value, str)
+                                               and value.strip().lower() in ("off", "none", "false", "no")):
             return 0.0
         return parse_duration(value, "stall_timeout")
     if key == "end_time":

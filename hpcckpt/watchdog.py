@@ -52,7 +52,9 @@ class Watch:
 
     def text(self):
         """What it waits for, formatted (only when it stalls)."""
-        return self.what if self.detail is None else self.what % (self.detail,)
+        if self.detail is None:
+            return self.what
+        return self.what % (self.detail if isinstance(self.detail, tuple) else (self.detail,))
 
     def __enter__(self):
         self.ident = threading.get_ident()
@@ -83,9 +85,9 @@ _OFF = _Off()
 
 
 def watch(what, detail=None, step=None):
-    """Local: a context manager around one wait. ``what`` says what it waits for: a str, with
-    one ``%r`` or ``%s`` that ``detail`` fills (formatted only if the wait stalls, never on the
-    success path); ``step``: the step (None: the one found in the waiting stack). A shared no-op
+    """Local: a context manager around one wait. ``what`` says what it waits for: a str whose
+    ``%`` fields ``detail`` fills (one value, or a tuple of them; formatted only if the wait
+    stalls, never on the success path); ``step``: the step (None: the one found in the waiting stack). A shared no-op
     object while the watchdog is off."""
     return Watch(what, detail, step) if _timeout else _OFF
 
@@ -237,5 +239,6 @@ def _signature(frame):
         if name == "self" or name not in values:
             continue
         v = values[name]
-        args.append(f"{name}={v!r}" if isinstance(v, _SIMPLE) and len(repr(v)) <= 80 else f"{name}=<{type(v).__name__}>")
+        simple = isinstance(v, _SIMPLE) and len(repr(v)) <= 80
+        args.append(f"{name}={v!r}" if simple else f"{name}=<{type(v).__name__}>")
     return f"{code.co_qualname}({', '.join(args)})"

@@ -3,7 +3,7 @@
 for it logs one line naming the call, the step and what it waits for, and dumps its Python
 stacks. With ``stall_action = "warn"`` the job then goes on and ends normally (the checkpoint
 restores bitwise); with ``"abort"`` it ends with MPI_Abort(124) and the line, never a hang (the
-harness timeout is far above the watchdog's). The single-process side: tests/unit/test_watchdog.py."""
+harness timeout is far above the watchdog's). The single-process side: tests/unit/test_stall_watchdog.py."""
 import json
 import os
 import re
@@ -64,11 +64,13 @@ def test_stall_action_abort_ends_the_job_with_the_line(shm_dir):
     # MPI_Abort(124) on the first rank that reports; hydra may report the SIGKILL it sent the others instead
     assert res.returncode == ABORT_STATUS or mpi().rank_killed(res.returncode), str(res)
     assert "DONE" not in res.stdout and res.lines("CKPT 4") == ["local 32288"], str(res)
+    assert 1 not in stall_lines(res), str(res)          # the sleeping rank waits for nobody
     lines = [line for rank_lines in stall_lines(res).values() for line in rank_lines]
     assert lines and all(
         "in Checkpointer.checkpoint(step=9, state=None, level='local'), step 9: waiting for the other ranks in "
-        f"the agreement 'writing checkpoint 9'" in line
-        and line.endswith(f"; aborting the job (stall_action = 'abort', status {ABORT_STATUS})") for line in lines), str(res)
+        "the agreement 'writing checkpoint 9'" in line
+        and line.endswith(f"; aborting the job (stall_action = 'abort', status {ABORT_STATUS})")
+        for line in lines), str(res)
     assert re.search(r"^hpcckpt\[rank \d\] \| Current thread 0x", res.stderr, re.M), str(res)
 
 
@@ -87,3 +89,23 @@ def test_a_stalled_background_thread_is_reported_by_the_call_that_joins_it(shm_d
     for rank in (0, 2, 3):
         assert any(join in line or "(thread hpcckpt-background-4), step 4: waiting for " in line
                    for line in lines.get(rank, ())), str(res)
+
+
+def test_a_stalled_pfs_writer_thread_is_reported(shm_dir):
+    """Rank 1's pfs writer thread sleeps half-way through its node file: rank 1 names the join of
+    its writer, rank 0 (its node's aggregator) the node's reduction after the writes, the ranks
+    of the other node the agreement that ends the pfs write."""
+    res = app(shm_dir, "--level", "pfs", config={"ranks_per_node": 2}, env={"_HPCCKPT_FAULT": "pfs-write:1:9:sleep=4"})
+    assert res.returncode == 0 and "DONE" in res.stdout and res.lines("CKPT 9") == ["pfs 32288"], str(res)
+    lines = stall_lines(res)
+    call = "in Checkpointer.checkpoint(step=9, state=None, level='pfs'), step 9: waiting for "
+    waits = {1: r"this rank's pfs writer thread \(writing .*/step_0000000009\.tmp-\w+/node_000000\.h5\)",
+             0: r"the other ranks of this node \(MPI_Allreduce: did a pfs write fail\)",
+             2: r"the other ranks in the agreement 'writing pfs checkpoint 9' \(MPI_Allreduce on the library's "
+                r"communicator\)"}
+    waits[3] = waits[2]
+    assert sorted(lines) == [0, 1, 2, 3], str(res)
+    for rank, wait in waits.items():
+        assert len(lines[rank]) == 1 and re.fullmatch(
+            rf"rank {rank}: stalled for \d+\.\d s {re.escape(call)}{wait} \(stall_timeout = 1 s\); the Python "
+            r"stacks of this process follow", lines[rank][0]), str(res)

@@ -299,9 +299,15 @@ def test_run_sh_variables_are_not_configuration_keys():
     assert Config.load(environ=env).keep == 3
 
 
-def test_stall_timeout_and_stall_action():
+def test_stall_timeout_and_stall_action(tmp_path):
     cfg = Config.load(environ={})
     assert cfg.stall_timeout == 600.0 and cfg.stall_action == "warn"
+    f = tmp_path / "run.toml"
+    f.write_text('stall_timeout = "2min"\nstall_action = "abort"\n')
+    cfg = Config.load(str(f), environ={})
+    assert cfg.stall_timeout == 120.0 and cfg.stall_action == "abort"
+    f.write_text('stall_timeout = "off"\n')
+    assert Config.load(str(f), environ={}).stall_timeout == 0.0
     assert Config.load(environ={"HPCCKPT_STALL_TIMEOUT": "5min"}).stall_timeout == 300.0
     assert Config.load(environ={"HPCCKPT_STALL_TIMEOUT": "1.5"}).stall_timeout == 1.5
     assert Config.load(environ={}, stall_timeout=30).stall_timeout == 30.0
