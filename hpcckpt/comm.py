@@ -12,6 +12,10 @@ complete them: a process failure in the middle of an exchange ends no survivor (
 The rule (from PyTorch DCP's collectives wrapper): a rank never raises alone inside a collective
 call. It catches its exception, every rank learns who failed and why, and every rank raises.
 
+Every wait here for the other ranks (an agreement, a reduction, an exchange's messages) is
+watched by the stall watchdog (hpcckpt.watchdog): one that lasts longer than ``stall_timeout``
+is reported on the waiting rank.
+
 Scale: on the success path every helper here is a fixed-size reduction (one ``Allreduce`` of a
 few 64-bit words), whatever the number of ranks. Per-rank details travel only when something
 failed: gathered to rank 0, which picks the error, and broadcast.
