@@ -38,12 +38,12 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from . import faults, manifest as mf, slurm, state as st
+from . import faults, manifest as mf, slurm, state as st, watchdog
 from .codecs import xxh3
 from .codecs.checksum import digest
 from .comm import (U64_MAX, Collective, Deferred, agree, is_collective, is_different_calls, is_process_failure,
                    mark_collective, print_abort_notice, reduce_sum_max, signals_deferred)
-from .config import LEVELS, Config
+from .config import LEVELS, LOCAL_KEYS, Config
 from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, HpcCkptError,
                      IncompatibleCheckpointError, LayoutChangedError, MismatchError, ProtectError)
 from .levels.local import LocalCache
@@ -97,7 +97,8 @@ class _Background:
 
     def join(self):
         """Local: wait for the thread; return its error (or None)."""
-        self.thread.join()
+        with watchdog.watch("this rank's background thread: the %s of step %d", (self.what, self.step)):
+            self.thread.join()
         return self.error
 
 
@@ -151,6 +152,7 @@ class Checkpointer:
                 self._settings_differ()
             self._threads = not c.result[2]     # every rank has MPI_THREAD_MULTIPLE: background work may run
             _setup_logging(self.config, comm.rank)
+            watchdog.configure(self.config.stall_timeout, self.config.stall_action, comm.rank)
             if _node_map is not None and self.config.ranks_per_node == "auto":
                 self.topology = Topology.given(self._comm, _node_map)     # pinned (hpcckpt.online)
             else:
@@ -196,7 +198,7 @@ class Checkpointer:
 
     def _settings_differ(self):
         """Collective (failure path): name the settings that differ between ranks, raise everywhere."""
-        mine = {k: v for k, v in self.config.as_dict().items() if k != "log_level"}
+        mine = {k: v for k, v in self.config.as_dict().items() if k not in LOCAL_KEYS}
         everyone = self._comm.gather(mine, root=0)
         text = None
         if self._comm.rank == 0:
@@ -1330,8 +1332,8 @@ def _digest_int(values):
 
 
 def _settings_digest(cfg):
-    """An int digest of every setting that must be the same on all ranks (all but log_level)."""
-    values = {k: v for k, v in cfg.as_dict().items() if k != "log_level"}
+    """An int digest of every setting that must be the same on all ranks (all but LOCAL_KEYS)."""
+    values = {k: v for k, v in cfg.as_dict().items() if k not in LOCAL_KEYS}
     return _digest_int(json.loads(json.dumps(values, sort_keys=True, default=str)))
 
 

@@ -12,6 +12,10 @@ complete them: a process failure in the middle of an exchange ends no survivor (
 The rule (from PyTorch DCP's collectives wrapper): a rank never raises alone inside a collective
 call. It catches its exception, every rank learns who failed and why, and every rank raises.
 
+Every wait here for the other ranks (an agreement, a reduction, an exchange's messages) is
+watched by the stall watchdog (hpcckpt.watchdog): one that lasts longer than ``stall_timeout``
+is reported on the waiting rank.
+
 Scale: on the success path every helper here is a fixed-size reduction (one ``Allreduce`` of a
 few 64-bit words), whatever the number of ranks. Per-rank details travel only when something
 failed: gathered to rank 0, which picks the error, and broadcast.
@@ -30,6 +34,7 @@ from mpi4py import MPI
 
 from . import errors
 from .errors import CollectiveError, HpcCkptError
+from .watchdog import watch
 
 U64_MAX = (1 << 64) - 1
 WORDS = 8             # the words an agreement carries (fixed, so every rank reduces the same size)
@@ -111,8 +116,9 @@ def reduce_sum_max(comm, total, largest):
     """Collective: (sum over ranks of the int ``total``, max over ranks of the float ``largest``)."""
     s, m = np.array([int(total)], np.int64), np.array([float(largest)], np.float64)
     out_s, out_m = np.empty_like(s), np.empty_like(m)
-    comm.Allreduce(s, out_s, op=MPI.SUM)
-    comm.Allreduce(m, out_m, op=MPI.MAX)
+    with watch("the other ranks in a reduction of bytes and seconds (MPI_Allreduce on the library's communicator)"):
+        comm.Allreduce(s, out_s, op=MPI.SUM)
+        comm.Allreduce(m, out_m, op=MPI.MAX)
     return int(out_s[0]), float(out_m[0])
 
 
@@ -136,6 +142,12 @@ def agree(comm, exc=None, what="operation", words=()):
     words = list(words)
     if len(words) > WORDS:
         raise ValueError(f"agree() carries at most {WORDS} words")
+    with watch("the other ranks in the agreement %r (MPI_Allreduce on the library's communicator)", what):
+        return _agree(comm, exc, what, words)
+
+
+def _agree(comm, exc, what, words):
+    """Collective: agree() (a watched wait)."""
     # always the same size on every rank, whatever each rank got to before failing; with the
     # step's name (call_id: its maximum and its complement's) so that ranks at different steps
     # of the library (the application made different calls on different ranks) find out
@@ -275,7 +287,8 @@ class InFlight(contextlib.AbstractContextManager):
 
     def wait(self, requests):
         """Local: wait for ``requests`` (from this flight) and free them."""
-        MPI.Request.Waitall(requests)
+        with watch("the other ranks of an exchange (MPI_Waitall of %d point-to-point messages)", len(requests)):
+            MPI.Request.Waitall(requests)
         for r in requests:
             r.Free()
         self.live = [r for r in self.live if r]

@@ -24,6 +24,8 @@ from .levels.registry import LEVELS  # noqa: E402 - one definition of the level 
 POLICIES = ("auto", "fixed", "young", "daly", "multilevel")
 WRITE_METHODS = ("mmap", "pwrite")       # how the local level writes its data files (storage.write_arrays)
 STARTS = ("resume", "fresh")             # what restart() does: restore the newest checkpoint, or none
+STALL_ACTIONS = ("warn", "abort")        # what the stall watchdog does after reporting (hpcckpt.watchdog)
+LOCAL_KEYS = ("log_level", "stall_timeout", "stall_action")   # may differ between ranks (no message depends on them)
 CONFIG_FILE_MAX = 1 << 20                # a TOML config file larger than this (bytes) is refused
 ENV_PREFIX = "HPCCKPT_"
 CACHE_PLACEHOLDERS = ("node", "user", "name")
@@ -73,6 +75,8 @@ class Config:
     log_level: str = "WARNING"
     start: str = "resume"               # "resume": restart() restores the newest checkpoint; "fresh": none
     abort_on_error: bool = True         # MPI_Abort when an exception leaves the block on some ranks only
+    stall_timeout: float = 600.0        # seconds a wait inside an hpcckpt call may last before it is reported; 0: off
+    stall_action: str = "warn"          # after reporting a stall: "warn" (go on waiting) or "abort" (MPI_Abort)
 
     @classmethod
     def load(cls, config=None, environ=None, **overrides):
@@ -140,6 +144,8 @@ class Config:
             raise ConfigError(f"write_method {self.write_method!r} is not one of {', '.join(WRITE_METHODS)}")
         if self.start not in STARTS:
             raise ConfigError(f"start {self.start!r} is not one of {', '.join(STARTS)}")
+        if self.stall_action not in STALL_ACTIONS:
+            raise ConfigError(f"stall_action {self.stall_action!r} is not one of {', '.join(STALL_ACTIONS)}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
         return self
@@ -150,7 +156,7 @@ _FAULT_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGTRAP",
 _INT_KEYS = ("group_size", "rs_parity", "keep", "incremental_full_every")
 _BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush", "background", "abort_on_error", "incremental")
 _AUTO_BOOL_KEYS = ("pfs_direct_io",)      # "auto", true or false
-_STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "write_method", "log_level", "start")
+_STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "write_method", "log_level", "start", "stall_action")
 _TABLE_KEYS = ("schedule", "level_mtbf")
 
 
@@ -353,6 +359,11 @@ def _parse_value(key, value):
         return None if value is None else parse_duration(value, "mtbf")
     if key == "end_margin":
         return parse_duration(value, "end_margin")       # refuses negative durations
+    if key == "stall_timeout":      # seconds or a duration; 0, "off", "none" or false: no watchdog
+        if value is None or value is False or (isinstance(value, str)
+                                               and value.strip().lower() in ("off", "none", "false", "no")):
+            return 0.0
+        return parse_duration(value, "stall_timeout")
     if key == "end_time":
         if value is None:
             return None

@@ -3,8 +3,9 @@
 ``_HPCCKPT_FAULT="PHASE:RANK[:STEP[:ACTION]]"`` — at PHASE, on RANK (or ``*``), at STEP (or ``*``),
 ACTION is ``kill`` (SIGKILL this process, the default), ``error`` (raise ENOSPC, as a full disk
 would), ``interrupt`` (raise KeyboardInterrupt, as SIGINT would), ``sigint`` (send this process
-a real SIGINT: its Python handler runs when the interpreter next checks) or ``exit`` (raise
-SystemExit(5)). Phases: ``write`` (half-way through the data), ``written`` (data written, before the
+a real SIGINT: its Python handler runs when the interpreter next checks), ``exit`` (raise
+SystemExit(5)) or ``sleep=SECONDS`` (sleep that long, then go on: a stalled rank, for the stall
+watchdog; bare ``sleep`` is 5 s). Phases: ``write`` (half-way through the data), ``written`` (data written, before the
 ranks agree), ``encode`` (partner/xor/rs: while storing partner copies or before the parity
 rounds; also fires when a rebuild resends partner copies), ``background`` (with ``background``:
 in the background thread, before the redundancy is written), ``commit`` (before this rank's manifest is written), ``committed`` (after it,
@@ -24,6 +25,7 @@ number and runs the step again), find FILE and go on.
 import errno
 import os
 import signal
+import time
 
 _SPEC = os.environ.get("_HPCCKPT_FAULT", "")
 
@@ -57,6 +59,9 @@ def hit(phase, rank, step=None):
         raise KeyboardInterrupt(f"injected at {phase}")
     if action == "exit":
         raise SystemExit(5)
+    if action == "sleep" or action.startswith("sleep="):
+        time.sleep(float(action.partition("=")[2] or 5))
+        return
     if action == "sigint":
         os.kill(os.getpid(), signal.SIGINT)
         return

@@ -52,6 +52,7 @@ import numpy as np
 from .. import faults, manifest as mf, state as st, storage
 from ..codecs.checksum import new_hasher
 from ..comm import Collective
+from ..watchdog import watch
 from ..errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError, IncompatibleCheckpointError,
                       MismatchError, ProtectError)
 from . import hdf5_layout as lay
@@ -167,7 +168,8 @@ class PfsStore:
             self._deleter.wait()
             if self.is_aggregator and storage.is_own_dir(os.path.dirname(self._spare_path())):
                 storage.remove_file(self._spare_path())
-            self.comm.Barrier()                 # every node's removals are done: .trash is empty
+            with watch("the other ranks in closing the pfs level (MPI_Barrier)"):
+                self.comm.Barrier()             # every node's removals are done: .trash is empty
             if self.rank == 0:
                 storage.remove_tree(self.trash)
                 storage.remove_tree(os.path.join(self.root, SPARE))
@@ -234,7 +236,8 @@ class PfsStore:
                 offsets = self._lay_out_node_file(path, node_index)
             except BaseException as e:  # noqa: BLE001 - PendingStep.check() raises it in the next agreement
                 pending.error = e
-        offsets = self.node_comm.bcast(offsets, root=0)       # None: the aggregator failed; nothing to write
+        with watch("this node's aggregator laying out its pfs node file (MPI_Bcast on the node's communicator)"):
+            offsets = self.node_comm.bcast(offsets, root=0)   # None: the aggregator failed; nothing to write
         if self.is_aggregator and offsets is not None:
             pending.data_ranges = [(off, node_index.entry(name).nbytes(r)) for (r, name), off in offsets.items()
                                    if off is not None]
@@ -411,16 +414,18 @@ class PfsStore:
                 writer.write(i, storage.byte_view(it.array))
         error, pending.error = pending.error, None      # the aggregator's: its node file was not laid out
         checksums = None if pending.checksums_known else {it.name: it.checksum for it in items}
-        node_sums = None if checksums is None else self.node_comm.gather(
-            {it.name: it.checksum for i, it in enumerate(items) if i in writer.targets}, root=0)
+        with watch("the other ranks of this node (MPI_Gather of the pfs checksums)"):
+            node_sums = None if checksums is None else self.node_comm.gather(
+                {it.name: it.checksum for i, it in enumerate(items) if i in writer.targets}, root=0)
         node = None
         if self.is_aggregator and error is None:
             try:
                 node = self._node_metadata(pending, node_sums)
             except Exception as e:  # noqa: BLE001 - raised below, after the gathers
                 error = e
-        sums = None if checksums is None else self.comm.gather(checksums, root=0)
-        nodes = self.comm.gather((self.node, node) if self.is_aggregator else None, root=0)
+        with watch("the other ranks (MPI_Gather of the pfs node files' metadata)"):
+            sums = None if checksums is None else self.comm.gather(checksums, root=0)
+            nodes = self.comm.gather((self.node, node) if self.is_aggregator else None, root=0)
         index = None
         if self.rank == 0 and all(n is None or n[1] is not None for n in nodes):     # else a node failed
             try:
@@ -428,7 +433,8 @@ class PfsStore:
             except Exception as e:  # noqa: BLE001 - raised below
                 error = error or e
         error = writer.close() or error
-        failed = self.node_comm.allreduce(error is not None)
+        with watch("the other ranks of this node (MPI_Allreduce: did a pfs write fail)"):
+            failed = self.node_comm.allreduce(error is not None)
         if self.is_aggregator and not failed:
             try:
                 storage.fsync_file(writer.path)
@@ -946,7 +952,8 @@ class NodeWriter:
     def close(self):
         if self._thread is not None:
             self._queue.put(None)
-            self._thread.join()
+            with watch("this rank's pfs writer thread (writing %s)", self.path):
+                self._thread.join()
             self._thread = self._queue = None      # what a failed thread left queued is released
         return self.error
 

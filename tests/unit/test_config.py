@@ -297,3 +297,38 @@ def test_run_sh_variables_are_not_configuration_keys():
     user's shell they must not stop every application with an unknown-key ConfigError."""
     env = {"HPCCKPT_MPI": "mpich", "HPCCKPT_VENV": "/x", "HPCCKPT_VENV_OPENMPI": "/y", "HPCCKPT_KEEP": "3"}
     assert Config.load(environ=env).keep == 3
+
+
+def test_stall_timeout_and_stall_action(tmp_path):
+    cfg = Config.load(environ={})
+    assert cfg.stall_timeout == 600.0 and cfg.stall_action == "warn"
+    f = tmp_path / "run.toml"
+    f.write_text('stall_timeout = "2min"\nstall_action = "abort"\n')
+    cfg = Config.load(str(f), environ={})
+    assert cfg.stall_timeout == 120.0 and cfg.stall_action == "abort"
+    f.write_text('stall_timeout = "off"\n')
+    assert Config.load(str(f), environ={}).stall_timeout == 0.0
+    assert Config.load(environ={"HPCCKPT_STALL_TIMEOUT": "5min"}).stall_timeout == 300.0
+    assert Config.load(environ={"HPCCKPT_STALL_TIMEOUT": "1.5"}).stall_timeout == 1.5
+    assert Config.load(environ={}, stall_timeout=30).stall_timeout == 30.0
+    for off in ("off", "None", "0", "false", 0, False, None):       # every way of saying "no watchdog"
+        assert Config.load(environ={}, stall_timeout=off).stall_timeout == 0.0, off
+    assert Config.load(environ={"HPCCKPT_STALL_TIMEOUT": "OFF"}).stall_timeout == 0.0
+    assert Config.load(environ={"HPCCKPT_STALL_ACTION": "abort"}).stall_action == "abort"
+    with pytest.raises(ConfigError, match="stall_timeout: must be a finite, non-negative duration"):
+        Config.load(environ={}, stall_timeout=-1)
+    with pytest.raises(ConfigError, match="stall_timeout: cannot read 'soon' as a duration"):
+        Config.load(environ={"HPCCKPT_STALL_TIMEOUT": "soon"})
+    with pytest.raises(ConfigError, match="stall_action 'kill' is not one of warn, abort"):
+        Config.load(environ={}, stall_action="kill")
+    with pytest.raises(ConfigError, match="stall_action must be a string"):
+        Config.load(environ={}, stall_action=1)
+
+
+def test_the_watchdog_settings_may_differ_between_ranks():
+    """They shape no message: like log_level they are left out of the cross-rank comparison."""
+    from hpcckpt.checkpointer import _settings_digest
+    base = Config.load(environ={})
+    assert _settings_digest(base) == _settings_digest(base.replace(stall_timeout=5, stall_action="abort",
+                                                                   log_level="DEBUG"))
+    assert _settings_digest(base) != _settings_digest(base.replace(keep=3))
