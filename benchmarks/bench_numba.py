@@ -11,7 +11,13 @@ restarted job pays; the cold ones what the first job on a new machine (or a read
 uncached install) pays. Then what a job sees: the slowest rank's first and second rs
 checkpoint (4 ranks, one node each, --job-mib MiB per rank; it runs the local copy-and-checksum
 kernel and the GF(2^8) kernel) in a fresh job with a cold cache, and in a fresh job after
-``hpcckpt warmup`` filled the cache (its own time recorded too). --quick: warm only, one sample, after filling the project's cache
+``hpcckpt warmup`` filled the cache (its own time recorded too). And what a ported
+application with little state sees (issue 41): the slowest rank's first and second checkpoint
+at the xor and local levels of a fresh 4-rank job after ``hpcckpt warmup``, with 1.4 MB per
+rank in a state dict, as 8 arrays of 172 KiB and as one array (``--small-only``: only that).
+``--thresholds``: only where the NumPy paths stop being as fast as the kernels, in this process
+(copy-and-checksum into a mapped tmpfs file, 1 MiB chunks, 1-16 MiB arrays; plain XOR of 3 and 7
+inputs, 256 KiB-64 MiB; medians of 9). --quick: warm only, one sample, after filling the project's cache
 (NUMBA_CACHE_DIR) with the same calls, in this process when its Numba caches there (in the
 suite that costs next to nothing: bench_codecs loaded the kernels already), else in a process
 of its own; no job.
@@ -78,6 +84,51 @@ if comm.rank == 0:
 """
 
 
+SMALL_STATE = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from common import world
+comm = world()
+from mpi4py import MPI
+import hpcckpt
+root, level, narrays = sys.argv[2], sys.argv[3], int(sys.argv[4])
+t = {}
+with hpcckpt.Checkpointer(comm, name="small", cache_dir=os.path.join(root, "node{node}"), pfs_dir=os.path.join(root, "pfs"),
+                          ranks_per_node=1, group_size=4, keep=1) as ckpt:
+    rng = np.random.default_rng(comm.rank)
+    state = {f"a{i}": rng.random(176000 // narrays) for i in range(narrays)}     # 1.4 MB per rank
+    ckpt.restart(state)
+    for i in range(2):
+        comm.Barrier(); t0 = time.perf_counter()
+        ckpt.checkpoint(i, state, level=level)
+        mine = np.array([time.perf_counter() - t0])
+        comm.Allreduce(mine.copy(), mine, op=MPI.MAX)
+        t["first" if i == 0 else "second"] = float(mine[0])
+    t["numba_loaded"] = bool(comm.allreduce("numba" in sys.modules, op=MPI.LOR))
+if comm.rank == 0:
+    print("RESULT " + json.dumps(t), flush=True)
+"""
+SMALL_CASES = (("xor", 8), ("xor", 1), ("local", 8), ("local", 1))
+
+
+def small_state_checkpoints(cache_dir, nprocs=4):
+    """{"<level>, <n> arrays": slowest rank's first and second checkpoint} of fresh jobs with
+    1.4 MB per rank (SMALL_STATE), Numba's cache ``cache_dir`` (warmed by the caller)."""
+    env = env_for_jobs()
+    env["NUMBA_CACHE_DIR"] = cache_dir
+    out = {}
+    for level, narrays in SMALL_CASES:
+        root = tempfile.mkdtemp(prefix="hpcckpt-bench-numba-small-")
+        try:
+            out[f"{level}, {narrays} arrays"] = result_line(run_mpi(
+                nprocs, ["-c", SMALL_STATE, os.path.dirname(os.path.abspath(__file__)), root, level, str(narrays)],
+                timeout=900, env=env))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
 def first_checkpoint(cache_dir, mib, nprocs=4):
     """Slowest rank's first and second rs checkpoint of a fresh ``nprocs``-rank job (seconds)."""
     env = env_for_jobs()
@@ -125,7 +176,14 @@ def main(argv=None):
     p = parser(__doc__, "warm only, from the project's own cache (a cold compile takes 10-80 s here)", hidden=())
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--job-mib", type=int, default=16, help="MiB per rank of the first-checkpoint job")
+    p.add_argument("--thresholds", action="store_true", help="only the NumPy-vs-kernel sizes, in this process")
+    p.add_argument("--small-only", action="store_true", help="only the small-state jobs, after hpcckpt warmup "
+                   "into the project's cache")
     a = p.parse_args(argv)
+    if a.small_only:
+        return small_only(a, argv)
+    if a.thresholds:
+        return thresholds(a, argv)
     samples = {"cold": [], "warm": []}
     if a.quick:
         say("numba start-up (quick): warm only, from NUMBA_CACHE_DIR")
@@ -171,6 +229,87 @@ def main(argv=None):
                                 "reps": a.reps, "medians": med, "samples": samples,
                                 "job": {"ranks": 4, "level": "rs", "mib_per_rank": a.job_mib,
                                         "medians": job_medians, "samples": jobs}}, a.out)
+    say(f"wrote {path}")
+    return path
+
+
+def _median_ms(fn, reps=9):
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return round(median(times) * 1e3, 3)
+
+
+def thresholds(a, argv):
+    """--thresholds: ms per call of the kernel and of the NumPy path at each size (this process)."""
+    import mmap
+    import numpy as np
+    from hpcckpt.codecs import rs, xxh3
+    from common import SHM
+    assert xxh3.fused_available()
+    out = {"copy_and_hash": {}, "plain_xor": {}}
+    for mib in (1, 2, 4, 8, 16):
+        n = mib << 20
+        path = os.path.join(SHM, f"hpcckpt-bench-numba-{os.getpid()}")
+        with open(path, "wb") as f:
+            f.truncate(n)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            m = mmap.mmap(fd, n)
+            dst = np.frombuffer(m, np.uint8)
+            src = np.random.default_rng(mib).integers(0, 256, n, dtype=np.uint8)
+            row = {}
+            for way, minimum in (("kernel", 1), ("two_pass", 1 << 62)):
+                saved, xxh3.FUSED_MIN_BYTES = xxh3.FUSED_MIN_BYTES, minimum
+                try:
+                    row[way] = _median_ms(lambda: xxh3.copy_and_hash(src, dst, 1 << 20))
+                finally:
+                    xxh3.FUSED_MIN_BYTES = saved
+            out["copy_and_hash"][f"{mib} MiB"] = row
+            del dst
+            m.close()
+        finally:
+            os.close(fd)
+            os.remove(path)
+        say(f"  copy_and_hash {mib} MiB into a mapped file: kernel {row['kernel']} ms, two passes {row['two_pass']} ms")
+    for kib in (256, 1024, 4096, 16384, 65536):
+        for k in (3, 7):
+            ins = [np.random.default_rng(i).integers(0, 256, kib << 10, dtype=np.uint8) for i in range(k)]
+            o = np.zeros(kib << 10, np.uint8)
+            coeffs = np.ones((1, k), np.uint8)
+            row = {}
+            for way, limit in (("kernel", -1), ("numpy", 1 << 62)):
+                saved, rs.XOR_NUMPY_MAX_BYTES = rs.XOR_NUMPY_MAX_BYTES, limit
+                try:
+                    row[way] = _median_ms(lambda: rs.gf_combine_into([o], coeffs, ins))
+                finally:
+                    rs.XOR_NUMPY_MAX_BYTES = saved
+            out["plain_xor"][f"{kib} KiB x {k}"] = row
+            say(f"  plain XOR of {k} x {kib} KiB: kernel {row['kernel']} ms, NumPy {row['numpy']} ms")
+    path = write_json("numba_thresholds", {"command": command("bench_numba.py", argv), "ms_median_of_9": out}, a.out)
+    say(f"wrote {path}")
+    return path
+
+
+def small_only(a, argv):
+    """--small-only: hpcckpt warmup into the project's cache, then --reps rounds of the
+    small-state jobs (medians per case)."""
+    cache = env_for_jobs()["NUMBA_CACHE_DIR"]
+    warm = hpcckpt_warmup(cache)
+    rounds = []
+    for i in range(a.reps):
+        say(f"first checkpoints with 1.4 MB per rank [{i + 1}/{a.reps}], after hpcckpt warmup")
+        rounds.append(small_state_checkpoints(cache))
+    med = {case: {k: median([r[case][k] for r in rounds]) for k in ("first", "second")} for case in rounds[0]}
+    for case, m in med.items():
+        loaded = sorted({r[case]["numba_loaded"] for r in rounds})
+        m["numba_loaded"] = loaded[0] if len(loaded) == 1 else "varied"
+        say(f"  {case}: first {m['first']:.3f} s, second {m['second']:.3f} s, Numba loaded: {m['numba_loaded']}")
+    path = write_json("numba_small", {"command": command("bench_numba.py", argv), "reps": a.reps,
+                                      "warmup_s": warm, "ranks": 4, "bytes_per_rank": 1408000,
+                                      "medians": med, "samples": rounds}, a.out)
     say(f"wrote {path}")
     return path
 

@@ -38,7 +38,7 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from . import faults, manifest as mf, slurm, state as st, watchdog
+from . import dtype_check, faults, manifest as mf, slurm, state as st, watchdog
 from .codecs import xxh3
 from .codecs.checksum import digest
 from .comm import (U64_MAX, Collective, Deferred, agree, is_collective, is_different_calls, is_process_failure,
@@ -592,6 +592,8 @@ class Checkpointer:
                 c.words = [h, U64_MAX - h]
             if c.result[0] != U64_MAX - c.result[1]:
                 self._replicated_differ(replicated, step)
+            if not self._committed and ("pfs" in self.policy_levels or self.config.end_time is not None):
+                dtype_check.check(self._comm, dtype_check.described(items, self.comm.rank), f"checkpoint {step}")
             return self._redundancy_and_commit(step, level, manifest, t0, encode) + (pending,)
         except BaseException:
             if pending is not None:

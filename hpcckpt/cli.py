@@ -8,6 +8,7 @@ import sys
 
 from . import __version__, catalog, lock
 from .errors import HpcCkptError
+from .state import STATE_ENTRY
 
 
 def _size(n):
@@ -169,6 +170,8 @@ def _inspect_cache(cs, step):
           "global layout")
     for f in good:
         for a in f.manifest.arrays:
+            if a.name == STATE_ENTRY:       # the state dict's document: its keys are listed below
+                continue
             layout = f"{tuple(a.global_shape)} at {tuple(a.global_offset)}" if a.global_shape is not None else "-"
             print(f"{f.rank:>5} {f.manifest.node:>5}  {a.name:<20} {a.dtype:<6} {a.layout:<11} "
                   f"{str(tuple(a.shape)):<20} {a.nbytes:>10}  {layout}")
@@ -218,6 +221,8 @@ def _inspect_pfs(p):
         print(f"  {w}")
     print(f"{'array':<20} {'dtype':<6} {'layout':<11} shape")
     for e in ix.arrays:
+        if e.name == STATE_ENTRY:           # the state dict's document: its keys are listed below
+            continue
         if e.global_shape is not None:
             shape = f"{e.global_shape} global, in {len(e.holders())} block(s)"
         else:

@@ -20,7 +20,8 @@ A **layout** says how a top-level name is spread over the ranks, for the ``pfs``
 on another rank count (docs/PORTING.md): ``PER_RANK`` (the default: each rank its own value; a
 restart needs the same rank count), ``Block(global_shape, offset)`` (this rank's block of a global
 array), ``ROWS`` (the rows of a global array concatenated in rank order, any number of rows per
-rank: particles; on another rank count each rank gets an even share), ``REPLICATED`` (the same
+rank: particles; on another rank count each rank gets an even share, the leftover rows one
+each to the lowest ranks, as ``np.array_split``), ``REPLICATED`` (the same
 value on every rank: saved once, restored on every rank) and ``ROOT`` (held by rank 0 only).
 """
 import dataclasses

@@ -14,8 +14,9 @@ and each product is XOR_b (mask_b & broadcast(c * 2^b)); plain uint64 operations
 vectorises (SWAR, no table lookups). Inputs whose coefficients are all 0 or 1 (data block 0
 and parity 0 with the normalised Cauchy matrix) take a plain XOR path.
 Unaligned buffers and the n % 8 tail use the 256 x 256 multiplication table byte by byte.
-Compiled lazily on first call, ``cache=True``. Buffers shorter than ``KERNEL_MIN_BYTES`` are
-combined in NumPy instead, so that a job with little data never loads Numba. NumPy references
+Compiled lazily on first call, ``cache=True``. Buffers shorter than ``KERNEL_MIN_BYTES``, and
+plain XOR combinations up to ``XOR_NUMPY_MAX_BYTES``, are combined in NumPy instead, so that a job
+with little data, or at the xor level with the default io_chunk, never loads Numba. NumPy references
 (``*_numpy``) sit beside.
 """
 import numbers
@@ -30,6 +31,13 @@ KERNEL_MIN_BYTES = 256 << 10
 """Buffers shorter than this are combined in NumPy (``_combine_numpy``): a process whose
 buffers are all short never loads Numba (about half a second of CPU per process), and the
 kernel's speed matters only for long ones."""
+
+XOR_NUMPY_MAX_BYTES = 4 << 20
+"""Plain XOR combinations (every coefficient 0 or 1: the xor level's parity and rebuild) of
+buffers up to this size run in NumPy on one thread: ``np.bitwise_xor`` into the output is as
+fast as the kernel up to 4 MiB here (docs/BENCHMARKS.md "First checkpoint"). The xor level
+combines ``io_chunk`` bytes at a time (1 MiB by default), so with the default it never pays
+Numba's start-up."""
 
 PARALLEL_MIN_BYTES = 1 << 20
 """With threads > 1, buffers shorter than this still run on one thread."""
@@ -90,7 +98,7 @@ def _combine(out_rows, in_rows, coeffs, threads=1):
             if np.may_share_memory(o, d):
                 raise HpcCkptError(f"output {j} overlaps input {i}")
     nt = _resolve_threads(threads, n)
-    if n < KERNEL_MIN_BYTES:
+    if n < KERNEL_MIN_BYTES or (nt == 1 and n <= XOR_NUMPY_MAX_BYTES and not np.any(coeffs > 1)):
         _combine_numpy(out_rows, in_rows, coeffs)
         return
     from . import rs_kernel          # Numba, on first use

@@ -38,9 +38,10 @@ from ..errors import HpcCkptError
 log = logging.getLogger("hpcckpt")
 
 MIDSIZE_MAX = 240          # inputs up to this size use other XXH3 paths: left to the xxhash library
-FUSED_MIN_BYTES = 1 << 20
-"""Arrays shorter than this are copied, then hashed by the xxhash library: for them the second
-pass costs less than loading Numba (about half a second of CPU, once per process), so a job
+FUSED_MIN_BYTES = 4 << 20
+"""Arrays shorter than this are copied, then hashed by the xxhash library: for them the two
+passes are as fast as the kernel's one into a mapped file, and cost nothing like loading Numba
+(about a second of CPU, once per process: docs/BENCHMARKS.md "First checkpoint"), so a job
 whose arrays are all short never loads it."""
 STRIPE_BYTES = 64
 BLOCK_BYTES = 1024         # 16 stripes; (secret size - 64) / 8 = 16 with the 192-byte default secret

@@ -42,9 +42,9 @@ def test_warmup_compiles_once_then_jobs_only_load(tmp_path):
     for level in ("rs", "pfs"):      # every kernel a job calls: the local write, GF(2^8) encode + rebuild
         cfg = json.dumps({"ranks_per_node": 1, "group_size": 4, "rs_parity": 2})
         root = tmp_path / level
-        # arrays of 3.2 MB: over the kernels' thresholds (codecs.xxh3.FUSED_MIN_BYTES, rs.KERNEL_MIN_BYTES)
+        # arrays of 4.8 MB: over the kernels' thresholds (codecs.xxh3.FUSED_MIN_BYTES, rs.KERNEL_MIN_BYTES)
         common = ("--cache", str(root / "node{node}"), "--steps", 10, "--every", 5, "--level", level,
-                  "--config-json", cfg, "--n", 400000, "--report-numba")
+                  "--config-json", cfg, "--n", 600000, "--report-numba")
         res = run_mpi(4, "app.py", *common, "--crash-at", 7, "--crash-rank", 3, env={"NUMBA_CACHE_DIR": cache})
         assert res.returncode != 0
         os.remove(os.path.join(root, "node3", "app", "step_0000000004", "rank_000003.dat"))   # a rebuild

@@ -21,9 +21,11 @@ def rng():
 @pytest.fixture(autouse=True)
 def kernel_at_every_size(monkeypatch):
     """The tests below compare the Numba kernels with the references at every size: short
-    buffers take the kernel too (by default they are combined in NumPy: rs.KERNEL_MIN_BYTES)."""
+    buffers take the kernel too (by default they are combined in NumPy: rs.KERNEL_MIN_BYTES), and
+    so do plain XOR combinations (by default in NumPy at every size: rs.XOR_NUMPY_MAX_BYTES)."""
     from hpcckpt.codecs import rs
     monkeypatch.setattr(rs, "KERNEL_MIN_BYTES", 0)
+    monkeypatch.setattr(rs, "XOR_NUMPY_MAX_BYTES", -1)
 
 
 def _unaligned(a, shift=3):

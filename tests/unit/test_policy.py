@@ -65,6 +65,14 @@ def test_fixed_steps_rule_and_most_resilient_wins():
     assert taken == [(4, "local"), (9, "pfs"), (14, "local"), (19, "pfs"), (24, "local"), (29, "pfs")]
 
 
+def test_fixed_steps_with_a_one_based_step_counter_fire_one_step_early():
+    """The rule is (step + 1) % n == 0 (0-based steps): a loop counting from 1 that asks for
+    "every 250" gets steps 249, 499, ... (docs/CONFIG.md, docs/PORTING.md)."""
+    p, clock = make(kind="fixed", levels=("local",), schedule={"local": 250})
+    taken = run_steps(p, clock, 1000, 1.0, {"local": 0.1}, first_step=1)
+    assert [s for s, _ in taken] == [249, 499, 749, 999]
+
+
 def test_fixed_seconds_counts_compute_time_only():
     p, clock = make(kind="fixed", levels=("local", "pfs"), schedule={"local": "60s", "pfs": ("seconds", 150)})
     taken = run_steps(p, clock, 40, 10.0, {"local": 5.0, "pfs": 20.0})
