@@ -71,6 +71,7 @@ class Config:
     file_mode: int = 0o600
     dir_mode: int = 0o700
     log_level: str = "WARNING"
+    events_file: str = ""               # rank 0 appends one JSON line per checkpoint/restart/... ("" none; events.py)
     start: str = "resume"               # "resume": restart() restores the newest checkpoint; "fresh": none
     abort_on_error: bool = True         # MPI_Abort when an exception leaves the block on some ranks only
 
@@ -150,7 +151,7 @@ _FAULT_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGTRAP",
 _INT_KEYS = ("group_size", "rs_parity", "keep", "incremental_full_every")
 _BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush", "background", "abort_on_error", "incremental")
 _AUTO_BOOL_KEYS = ("pfs_direct_io",)      # "auto", true or false
-_STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "write_method", "log_level", "start")
+_STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "write_method", "log_level", "start", "events_file")
 _TABLE_KEYS = ("schedule", "level_mtbf")
 
 
