@@ -79,6 +79,7 @@ class EventLog:
         self._fd = None
         self._restored = None                   # (step, level, source, own, rebuilt) noted by the restore
         self._inside = False                    # a recorded call is running (recorded)
+        self._warned = False                    # recording failed once (said once)
 
     @property
     def active(self):
@@ -134,13 +135,8 @@ class EventLog:
 
     def start(self, ckpt):
         """Local (rank 0 writes): the run's settings that the report needs (policy, MTBF)."""
-        policy, cfg = ckpt.policy, ckpt.config
-        from . import __version__
-        self.emit("start", hpcckpt=__version__, nodes=len(set(ckpt.topology.node_of)), policy=policy.kind,
-                  levels=list(policy.levels), system_mtbf=policy.mtbf,
-                  mtbf={lv: (1.0 / r if r > 0 else None) for lv, r in policy.rates.items()},
-                  schedule=None if policy.schedule is None else {lv: list(v) for lv, v in policy.schedule.items()},
-                  background=cfg.background, async_flush=cfg.async_flush, incremental=cfg.incremental)
+        if self.path is not None:
+            _safely(_start, ckpt, self)
 
 
 def _clip(text):
@@ -195,21 +191,31 @@ def _safely(fn, self, ev, *args):
     try:
         fn(self, ev, *args)
     except Exception as e:  # noqa: BLE001 - the log must never fail the call it observes
-        if self.comm.rank == 0 and "events" not in self._warned:
-            self._warned.add("events")
+        if ev.rank == 0 and not ev._warned:
+            ev._warned = True
             log.warning("recording an event failed (%s: %s); the checkpoints are not affected", type(e).__name__, e)
+
+
+def _start(self, ev):
+    policy, cfg = self.policy, self.config
+    from . import __version__
+    ev.emit("start", hpcckpt=__version__, nodes=len(set(self.topology.node_of)), policy=policy.kind,
+            levels=list(policy.levels), system_mtbf=policy.mtbf,
+            mtbf={lv: (1.0 / r if r > 0 else None) for lv, r in policy.rates.items()},
+            schedule=None if policy.schedule is None else {lv: list(v) for lv, v in policy.schedule.items()},
+            background=cfg.background, async_flush=cfg.async_flush, incremental=cfg.incremental)
 
 
 def _after(self, ev, op, result, t0, pending):
     ev.epoch = self._epoch
-    if self.comm.rank != 0:
+    if ev.rank != 0:
         return
     if op == "checkpoint":
         _checkpoint_done(self, ev, result, time.perf_counter() - t0, pending)
     elif op == "restart" and result is not None:
         seconds = time.perf_counter() - t0
         note = ev._restored if ev._restored is not None and ev._restored[0] == result else (result, None, "cache",
-                                                                                          self.comm.size, 0)
+                                                                                          ev.size, 0)
         _, level, source, own, rebuilt = note
         if log.isEnabledFor(logging.INFO):
             log.info("%s", restart_line(result, level, source, own, rebuilt, seconds))
@@ -238,9 +244,9 @@ def _checkpoint_done(self, ev, info, call_seconds, pending):
 def _after_error(self, ev, op, args, error, t0, pending):
     ev.epoch = self._epoch
     info = getattr(error, "info", None)
-    if op == "checkpoint" and info is not None and self.comm.rank == 0:
+    if op == "checkpoint" and info is not None and ev.rank == 0:
         _checkpoint_done(self, ev, info, time.perf_counter() - t0, pending)     # taken, then a background error
-    if self.comm.rank != 0:
+    if ev.rank != 0:
         return
     step = None
     if op == "checkpoint" and args and not isinstance(args[0], bool):

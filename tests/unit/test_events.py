@@ -83,13 +83,23 @@ def test_restored_notes_name_the_source():
     assert log._restored == (5, "pfs", "pfs", 4, 0)
 
 
+class _NoMPI:
+    """A communicator the decorator must never touch: close() may run after MPI.Finalize()."""
+
+    @property
+    def rank(self):
+        raise AssertionError("an MPI call (comm.rank) from the event log")
+
+    size = rank
+
+
 class _Fake:
-    """What the decorator reads of a Checkpointer: comm.rank, _events, _epoch, _flush, policy, _warned."""
+    """What the decorator reads of a Checkpointer: _events, _epoch, _flush, policy, _warned."""
 
     def __init__(self, path, rank=0):
-        self.comm = types.SimpleNamespace(rank=rank, size=4)
+        self.comm = _NoMPI()
         self._events = EventLog(path, rank, 4, "job")
-        self._epoch, self._flush, self._warned = 3, None, set()
+        self._epoch, self._flush = 3, None
         self.policy = types.SimpleNamespace(kind="daly", periods=lambda: {"local": 12.5, "pfs": float("inf")})
 
     @events.recorded("checkpoint")
@@ -177,6 +187,14 @@ def test_recording_that_fails_never_fails_the_call(tmp_path, caplog, monkeypatch
         assert fake.checkpoint(1).step == 1
         assert fake.checkpoint(2).step == 2
     assert caplog.text.count("recording an event failed (ZeroDivisionError") == 1
+
+
+def test_a_start_that_cannot_be_recorded_only_warns(tmp_path, caplog):
+    log = EventLog(str(tmp_path / "ev.jsonl"), 0, 4, "job")
+    with caplog.at_level(logging.WARNING, logger="hpcckpt"):
+        log.start(object())                               # no policy, no config: nothing raised
+    assert "recording an event failed (AttributeError" in caplog.text
+    assert not os.path.exists(tmp_path / "ev.jsonl")
 
 
 def test_the_recorded_file_parses():

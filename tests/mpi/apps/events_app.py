@@ -1,5 +1,5 @@
 """An application that checkpoints at the levels a plan names, for the event-log tests
-(tests/mpi/test_events.py; tests/tools/make_events.py records tests/unit/data/events.jsonl with it).
+(tests/mpi/test_events_job.py; tests/tools/make_events.py records tests/unit/data/events.jsonl with it).
 
   --cache DIR --pfs DIR --steps N     the node caches (with {node}), the pfs directory, the steps
   --plan "1:local,3:partner,5:pfs"    checkpoint after step S at level L; "every:K:L" adds L every K steps
