@@ -187,8 +187,8 @@ def print_table(s, out):
                 print(f"  {at:>10}  failure: {e['op']}{step} raised {e['error']}: {e['message']}", file=out)
     else:
         print("fallbacks and failures: none", file=out)
-    print(file=out)
     if s.levels:
+        print(file=out)
         print(f"{'interval':<12} {'observed median':>15} {'in force':>10} {'Daly':>10}   "
               "(Daly: of the mean cost and the MTBF)", file=out)
         for lc in s.levels.values():

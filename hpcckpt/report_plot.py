@@ -71,7 +71,8 @@ def plot(s, path):
     else:
         top.text(0.5, 0.5, "no checkpoints", transform=top.transAxes, ha="center")
     top.grid(alpha=0.3)
-    top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    if top.get_legend_handles_labels()[0]:
+        top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     top.set_title(_title(s), fontsize=10)
 
     drawn = False
@@ -97,7 +98,7 @@ def plot(s, path):
     else:
         bottom.text(0.5, 0.5, "no interval to show (fewer than two checkpoints per run)", transform=bottom.transAxes,
                     ha="center", va="center")
-    if not any(lc.mtbf for lc in s.levels.values()):
+    if s.levels and not any(lc.mtbf for lc in s.levels.values()):
         bottom.text(0.99, 0.03, "no MTBF configured: no Daly interval", transform=bottom.transAxes, ha="right",
                     fontsize=8, color="gray")
     bottom.set_ylabel("interval (s of compute)")
