@@ -38,7 +38,7 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from . import dtype_check, faults, manifest as mf, slurm, state as st, watchdog
+from . import dtype_check, events, faults, manifest as mf, slurm, state as st, watchdog
 from .codecs import xxh3
 from .codecs.checksum import digest
 from .comm import (U64_MAX, Collective, Deferred, agree, is_collective, is_different_calls, is_process_failure,
@@ -178,6 +178,9 @@ class Checkpointer:
             self._setup_slurm()
             if comm.rank == 0:
                 log.info("%s", self.policy.summary())
+            self._events = events.EventLog(self.config.events_file, comm.rank, comm.size, self.config.name,
+                                           self.config.file_mode, self.config.dir_mode)
+            self._events.start(self)
         except BaseException as e:
             self._release_locks()       # a failed constructor never keeps the cache locked (online recovery reopens it)
             if is_process_failure(e):
@@ -268,6 +271,7 @@ class Checkpointer:
             print_abort_notice(exc, self.comm.rank)
             self.comm.Abort(_exit_code(exc))
 
+    @events.recorded("close")
     def close(self):
         """Collective: wait for pending work, then release. Calling it twice is harmless."""
         if not self._closed and MPI.Is_finalized():      # no MPI call is possible: release what is local
@@ -467,6 +471,7 @@ class Checkpointer:
                 log.info("%s (written to %s)", text, path)
 
     # ------------------------------------------------------------------ save
+    @events.recorded("checkpoint")
     def checkpoint(self, step, state=None, level=None):
         """Collective: checkpoint the protected arrays and the ``state`` dict (what it holds now)
         as ``step``; return a CheckpointInfo.
@@ -784,6 +789,7 @@ class Checkpointer:
         return newest + 1
 
     # ------------------------------------------------------------------ restore
+    @events.recorded("restart")
     def restart(self, state=None):
         """Collective: fill the protected arrays and the ``state`` dict from the newest checkpoint
         every rank can restore; return its step, or None (nothing is then touched).
@@ -875,8 +881,6 @@ class Checkpointer:
                     self._report_other_layout(other_layout, layout_key, step)
                     self.cache.abandoned_after = step
                 self._retire(keep_upto=step)
-                if self.comm.rank == 0:
-                    log.info("restarted from step %d", step)
                 self.policy.start()
                 return step
         if layout_key:      # nothing this layout can restore: not a silent start from nothing
@@ -957,6 +961,7 @@ class Checkpointer:
         with Collective(self._comm, f"restart from step {step}") as c:
             reason, manifest, plan = self._verify_local(step, manifest, ckpt_id, state)
             c.words = [1 if reason else 0]
+        data_ok = None
         if c.result[0]:
             if not SPECS[level].redundant:
                 self._warn_fallback(step, reason)
@@ -970,6 +975,7 @@ class Checkpointer:
             except HpcCkptError as e:
                 if self.comm.rank == 0:
                     log.warning("step %d: the %s rebuild failed (%s); falling back", step, level, e)
+                    self._events.fallback(step, level, f"the {level} rebuild failed: {e}")
                 return False
             if c.result[0]:
                 self._warn_fallback(step, reason, f"the {level} level cannot rebuild it")
@@ -985,6 +991,7 @@ class Checkpointer:
                 log.warning("step %d: rebuilt rank(s) %s from the %s level", step,
                             [r for r, ok in enumerate(data_ok) if not ok][:16], level)
         # 3. fill the protected arrays in place, then the state dict
+        self._events.restored(step, level, data_ok)
         with Collective(self._comm, f"restoring step {step}"):
             self.cache.read_into(manifest, [(n, p.array) for n, p in self._arrays.items()] + plan.reads)
             plan.apply()
@@ -1080,6 +1087,8 @@ class Checkpointer:
         if self.comm.rank == 0:
             bad = [(r, v) for r, v in enumerate(reasons) if v]
             more = f" (and {len(bad) - 4} more ranks)" if len(bad) > 4 else ""
+            self._events.fallback(step, "cache", "; ".join(f"rank {r}: {v}" for r, v in bad[:4]) + more
+                                  + (f"; {why}" if why else ""))
             log.warning("step %d cannot be restored from the node caches (%s%s%s); falling back to its pfs copy, if "
                         "there is one, else to an older checkpoint", step,
                         "; ".join(f"rank {r}: {v}" for r, v in bad[:4]), more, f"; {why}" if why else "")
@@ -1097,9 +1106,11 @@ class Checkpointer:
         except CorruptCheckpointError as e:
             if self.comm.rank == 0:
                 log.warning("pfs step %d cannot be restored (%s); falling back to an older checkpoint", step, e)
+                self._events.fallback(step, "pfs", str(e))
             return False
         if self.comm.rank == 0:
             log.info("restored step %d from pfs", step)
+        self._events.restored(step, "pfs", from_pfs=True)
         return True
 
     def _redundancy_comm(self):
@@ -1118,6 +1129,7 @@ class Checkpointer:
         return self._levels[level]
 
     # ------------------------------------------------------------------ background work
+    @events.recorded("wait")
     def wait(self):
         """Collective: return once pending background work is durable; raise its errors on all ranks."""
         self._check_open()
@@ -1147,6 +1159,7 @@ class Checkpointer:
         if self.comm.rank == 0:
             self.policy.record_background(flush.level, micros / 1e6)
             log.info("the %s of step %d took %.3f s in the background", flush.what, flush.step, micros / 1e6)
+            self._events.background(flush.step, flush.level, flush.what, micros / 1e6)
         if self._last_step is not None:
             self._retire(keep_upto=self._last_step)
         return None

@@ -9,13 +9,7 @@ import sys
 from . import __version__, catalog, lock
 from .errors import HpcCkptError
 from .state import STATE_ENTRY
-
-
-def _size(n):
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+from .units import format_size as _size
 
 
 def _when(t):
@@ -273,6 +267,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 CATALOG_COMMANDS = ("list", "verify", "inspect")
+READING_COMMANDS = CATALOG_COMMANDS + ("report",)     # they read whatever is on disk: no traceback
 
 
 def build_parser():
@@ -307,9 +302,10 @@ def build_parser():
                                       "installation, on the compute nodes' CPU type)")
     p.set_defaults(func=cmd_warmup)
 
-    from . import cli_interval, cli_slurm
+    from . import cli_interval, cli_slurm, report
     cli_interval.add_subcommands(sub)
     cli_slurm.add_subcommands(sub)
+    report.add_subcommands(sub)
     return parser
 
 
@@ -351,8 +347,8 @@ def main(argv=None):
         return 2
     except KeyboardInterrupt:
         return 130
-    except Exception as e:   # noqa: BLE001 - list/verify/inspect read whatever is on disk: one line, never a traceback
-        if args.command not in CATALOG_COMMANDS:
+    except Exception as e:   # noqa: BLE001 - list/verify/inspect/report read what is on disk: one line, never a traceback
+        if args.command not in READING_COMMANDS:
             raise
         print(f"hpcckpt {args.command}: unexpected error ({type(e).__name__}: {e})", file=sys.stderr)
         return 2

@@ -73,6 +73,7 @@ class Config:
     file_mode: int = 0o600
     dir_mode: int = 0o700
     log_level: str = "WARNING"
+    events_file: str = ""               # rank 0 appends one JSON line per checkpoint/restart/... ("" none; events.py)
     start: str = "resume"               # "resume": restart() restores the newest checkpoint; "fresh": none
     abort_on_error: bool = True         # MPI_Abort when an exception leaves the block on some ranks only
     stall_timeout: float = 600.0        # seconds a wait inside an hpcckpt call may last before it is reported; 0: off
@@ -156,7 +157,8 @@ _FAULT_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGTRAP",
 _INT_KEYS = ("group_size", "rs_parity", "keep", "incremental_full_every")
 _BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush", "background", "abort_on_error", "incremental")
 _AUTO_BOOL_KEYS = ("pfs_direct_io",)      # "auto", true or false
-_STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "write_method", "log_level", "start", "stall_action")
+_STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "write_method", "log_level", "start", "stall_action",
+             "events_file")
 _TABLE_KEYS = ("schedule", "level_mtbf")
 
 

@@ -85,6 +85,14 @@ def parse_size(value, what="size"):
     return nbytes
 
 
+def format_size(n):
+    """A short human form of a byte count: '100 B', '256.0 MiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
 def format_duration(seconds):
     """A short human form of a duration in seconds: '2.5 s', '12.0 min', '3.20 h'."""
     if seconds < 120:
