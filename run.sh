@@ -24,7 +24,7 @@ unset HPCCKPT_MPI HPCCKPT_VENV HPCCKPT_VENV_OPENMPI
 # The Open MPI stage of `./run.sh test` (a few minutes): every kind of job once -- launch, kill,
 # restart, each level, N->M pfs restarts, the command line, the guest rules, state dicts,
 # aborts, online recovery (ULFM) -- a sample of the fault matrix (its default subset) and the virtual-cluster tests
-# (nodes as namespaces, about 90 s). Edit it here only.
+# (nodes as namespaces, about 90 s), the edges of protect/steps/links, the stall watchdog and the event log. Edit it here only.
 OPENMPI_TESTS=(
   tests/unit/test_launch_logic.py
   tests/mpi/test_mpi_launch.py
@@ -34,6 +34,9 @@ OPENMPI_TESTS=(
   tests/mpi/test_guest.py
   tests/mpi/test_cli.py
   tests/mpi/test_state.py
+  tests/mpi/test_edges.py
+  tests/mpi/test_watchdog.py
+  tests/mpi/test_events_job.py
   tests/mpi/test_local.py::test_crash_then_bitwise_restart
   tests/mpi/test_redundancy.py::test_one_node_lost_is_rebuilt_bitwise
   tests/mpi/test_pfs_level.py::test_restart_on_another_rank_count
