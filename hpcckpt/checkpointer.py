@@ -41,8 +41,9 @@ from mpi4py import MPI
 from . import dtype_check, events, faults, manifest as mf, slurm, state as st, watchdog
 from .codecs import xxh3
 from .codecs.checksum import digest
-from .comm import (U64_MAX, Collective, Deferred, agree, is_collective, is_different_calls, is_process_failure,
-                   mark_collective, print_abort_notice, reduce_sum_max, signals_deferred)
+from .comm import (U64_MAX, Collective, Deferred, agree, explain, is_collective, is_different_calls,
+                   is_process_failure, mark_collective, print_abort_notice, reduce_sum_max, signals_deferred,
+                   was_agreed)
 from .config import LEVELS, LOCAL_KEYS, Config
 from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, HpcCkptError,
                      IncompatibleCheckpointError, LayoutChangedError, MismatchError, ProtectError)
@@ -202,18 +203,16 @@ class Checkpointer:
     def _settings_differ(self):
         """Collective (failure path): name the settings that differ between ranks, raise everywhere."""
         mine = {k: v for k, v in self.config.as_dict().items() if k not in LOCAL_KEYS}
-        everyone = self._comm.gather(mine, root=0)
-        text = None
-        if self._comm.rank == 0:
+
+        def pick(everyone):
             for r, theirs in enumerate(everyone):
-                keys = sorted(k for k in mine if theirs.get(k) != mine.get(k))
-                if keys:
-                    text = (f"the configuration differs between ranks: rank {r} has "
+                if keys := sorted(k for k in mine if theirs.get(k) != mine.get(k)):
+                    return (f"the configuration differs between ranks: rank {r} has "
                             + ", ".join(f"{k}={theirs[k]!r}" for k in keys[:4])
                             + " where rank 0 has " + ", ".join(f"{k}={mine[k]!r}" for k in keys[:4])
                             + "; every rank must use the same settings (they shape the messages between ranks)")
-                    break
-        text = self._comm.bcast(text, root=0)
+            return None
+        text = explain(self._comm, mine, pick)
         self._comm.Free()
         raise mark_collective(ConfigError(text))
 
@@ -250,7 +249,7 @@ class Checkpointer:
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None or (isinstance(exc, SystemExit) and exc.code in (None, 0)
-                                and not getattr(exc, "hpcckpt_agreed", False)):
+                                and not was_agreed(exc)):
             # leaving the block, or sys.exit(0) in it: close collectively. Ranks that leave it too
             # close with it; a rank making another hpcckpt call meanwhile gets a CollectiveError
             # naming both calls, and so does this one (never a hang). (A SystemExit that an
@@ -557,14 +556,12 @@ class Checkpointer:
 
     def _names_differ(self):
         """Collective (failure path): name the protected arrays that differ between ranks."""
-        everyone = self._comm.gather(sorted(self._arrays), root=0)
-        text = None
-        if self._comm.rank == 0:
+        def pick(everyone):
             r, theirs = next((r, v) for r, v in enumerate(everyone) if v != everyone[0])
-            text = (f"the ranks disagree on the protected array names: rank 0 has {everyone[0][:8]}, rank {r} has "
+            return (f"the ranks disagree on the protected array names: rank 0 has {everyone[0][:8]}, rank {r} has "
                     f"{theirs[:8]}; every rank must protect the same names (values that exist on some ranks only "
                     "go in the state dict)")
-        raise mark_collective(HpcCkptError(self._comm.bcast(text, root=0)))
+        raise mark_collective(HpcCkptError(explain(self._comm, sorted(self._arrays), pick)))
 
     def _write_and_commit(self, step, level, ckpt_id, state, t0, encode=True, early_flush=False):
         """Collective: steps 2-5 of the save protocol; returns this rank's manifest, the bytes
@@ -679,19 +676,16 @@ class Checkpointer:
 
     def _replicated_differ(self, replicated, step):
         """Collective (failure path): name a replicated value that differs, raise everywhere."""
-        everyone = self._comm.gather(replicated, root=0)
-        text = None
-        if self._comm.rank == 0:
+        def pick(everyone):
             for r, theirs in enumerate(everyone):
                 keys = sorted(k.removeprefix("state.")          # the user's key, as for an array
                               for k in set(theirs) | set(replicated) if theirs.get(k) != replicated.get(k))
                 if keys:
-                    text = (f"checkpoint {step}: the value(s) {keys[:8]} are declared REPLICATED but rank {r} "
+                    return (f"checkpoint {step}: the value(s) {keys[:8]} are declared REPLICATED but rank {r} "
                             "holds other values than rank 0 (or lacks them); replicated values must be the same "
                             "on every rank")
-                    break
-        text = self._comm.bcast(text, root=0)
-        raise mark_collective(ProtectError(text))
+            return None
+        raise mark_collective(ProtectError(explain(self._comm, replicated, pick)))
 
     def _discard(self, step, ckpt_id):
         """Local: remove this rank's part of a step that failed to commit (best effort) — never a
@@ -928,12 +922,8 @@ class Checkpointer:
         raise mark_collective(IncompatibleCheckpointError(text))
 
     def _first_text(self, text):
-        """Collective: the text of the lowest rank that has one (None on every rank if none)."""
-        with Collective(self._comm, "restart: reporting") as c:
-            c.words = [U64_MAX - self.comm.rank if text is not None else 0]
-        if not c.result[0]:
-            return None
-        return self._comm.bcast(text, root=U64_MAX - c.result[0])
+        """Collective (failure paths): the text of the lowest rank that has one (None if none)."""
+        return explain(self._comm, text, lambda texts: next((t for t in texts if t is not None), None))
 
     def _warn_first(self, text, what):
         text = self._first_text(text)
@@ -1083,15 +1073,15 @@ class Checkpointer:
 
     def _warn_fallback(self, step, reason, why=None):
         """Collective (failure path): rank 0 logs why step ``step`` cannot be restored."""
-        reasons = self._comm.gather(reason, root=0)
-        if self.comm.rank == 0:
+        def pick(reasons):
             bad = [(r, v) for r, v in enumerate(reasons) if v]
             more = f" (and {len(bad) - 4} more ranks)" if len(bad) > 4 else ""
-            self._events.fallback(step, "cache", "; ".join(f"rank {r}: {v}" for r, v in bad[:4]) + more
-                                  + (f"; {why}" if why else ""))
-            log.warning("step %d cannot be restored from the node caches (%s%s%s); falling back to its pfs copy, if "
-                        "there is one, else to an older checkpoint", step,
-                        "; ".join(f"rank {r}: {v}" for r, v in bad[:4]), more, f"; {why}" if why else "")
+            return "; ".join(f"rank {r}: {v}" for r, v in bad[:4]) + more + (f"; {why}" if why else "")
+        text = explain(self._comm, reason, pick)
+        if self.comm.rank == 0:
+            self._events.fallback(step, "cache", text)
+            log.warning("step %d cannot be restored from the node caches (%s); falling back to its pfs copy, if "
+                        "there is one, else to an older checkpoint", step, text)
 
     def _try_pfs(self, step, key, listing, state):
         """Collective: restore ``step`` from the pfs level if it has this epoch's step."""

@@ -77,21 +77,41 @@ def is_process_failure(exc):
                     return True
             except Exception:  # noqa: BLE001 - a broken error object is not a failure report
                 pass
-        if getattr(exc, "hpcckpt_process_failure", False):
-            return True
         exc = exc.__cause__ or exc.__context__
     return False
 
 
 def mark_collective(exc):
-    """Mark ``exc`` as raised on every rank (so that nobody needs to abort the job for it)."""
-    exc.hpcckpt_collective = True
+    """Local: mark the HpcCkptError ``exc`` as raised on every rank (so that nobody needs to abort
+    the job for it); returns it."""
+    exc.collective = True
     return exc
 
 
 def is_collective(exc):
-    """True when ``exc`` was raised by hpcckpt on every rank of a collective call."""
-    return bool(getattr(exc, "hpcckpt_collective", False))
+    """Local: True when ``exc`` was raised by hpcckpt on every rank of a collective call."""
+    return isinstance(exc, HpcCkptError) and exc.collective
+
+
+def mark_agreed(exc):
+    """Local: note on a KeyboardInterrupt or SystemExit of this rank that an agreement told the
+    other ranks about it (they raised a CollectiveError naming it). The one note hpcckpt puts on
+    an exception it did not create (its own errors have fields: HpcCkptError)."""
+    exc.__hpcckpt_agreed__ = True
+
+
+def was_agreed(exc):
+    """Local: whether mark_agreed noted ``exc``."""
+    return getattr(exc, "__hpcckpt_agreed__", False)
+
+
+def explain(comm, mine, pick):
+    """Collective, on failure paths only (it gathers): every rank's ``mine`` goes to rank 0, where
+    ``pick(reports)`` (the reports by rank) makes one text (or None); every rank returns it.
+    The one way hpcckpt turns per-rank details into a message; the success path agrees with
+    fixed-size reductions instead (``agree``)."""
+    reports = comm.gather(mine, root=0)
+    return comm.bcast(pick(reports) if comm.rank == 0 else None, root=0)
 
 
 def _report(exc):
@@ -100,7 +120,7 @@ def _report(exc):
     if isinstance(exc, HpcCkptError):
         if is_collective(exc):
             return type(exc).__name__, str(exc), True
-        return type(exc).__name__, getattr(exc, "hpcckpt_reason", None) or str(exc), False
+        return type(exc).__name__, exc.reason or str(exc), False
     return None, _describe(exc), False
 
 
@@ -180,7 +200,7 @@ def _agree(comm, exc, what, words):
     cls_name, text, message, detail = comm.bcast(decision, root=0)
     cls = errors.ALL.get(cls_name, CollectiveError) if cls_name else CollectiveError
     err = CollectiveError(text, detail) if cls is CollectiveError else cls(text)
-    err.hpcckpt_reason = message            # the first rank's own words, not wrapped again
+    err.reason = message                    # the first rank's own words, not wrapped again
     mark_collective(err)
     raise err from exc
 
@@ -196,27 +216,24 @@ def call_id(what):
 def _raise_different_calls(comm, what, exc):
     """Collective (failure path): the ranks are at different collective steps of the library;
     raise CollectiveError naming them on every rank."""
-    steps = comm.gather(what, root=0)
-    text = None
-    if comm.rank == 0:
+    def pick(steps):
         first = {}
         for r, w in enumerate(steps):
             first.setdefault(w, r)
         named = "; ".join(f"rank {r}: {w}" for w, r in list(first.items())[:4])
-        text = (f"the ranks made different hpcckpt calls ({named}): every rank must make the same calls of a "
+        return (f"the ranks made different hpcckpt calls ({named}): every rank must make the same calls of a "
                 "Checkpointer, in the same order (they are collective)")
     # not marked collective: the ranks are at different places of the application, so one that
     # leaves it uncaught ends the job (abort_on_error) rather than leave the others waiting
-    err = CollectiveError(comm.bcast(text, root=0))
-    err.hpcckpt_reason = err.args[0]
-    err.hpcckpt_different_calls = True
+    err = CollectiveError(explain(comm, what, pick))
+    err.reason, err.different_calls = err.args[0], True
     raise err from exc
 
 
 def is_different_calls(exc):
-    """True when ``exc`` says that the ranks made different hpcckpt calls (never to be handled
-    as a failure of the step: the application's ranks diverged)."""
-    return bool(getattr(exc, "hpcckpt_different_calls", False))
+    """Local: True when ``exc`` says that the ranks made different hpcckpt calls (never to be
+    handled as a failure of the step: the application's ranks diverged)."""
+    return isinstance(exc, HpcCkptError) and exc.different_calls
 
 
 class Collective(contextlib.AbstractContextManager):
@@ -239,14 +256,12 @@ class Collective(contextlib.AbstractContextManager):
     def __exit__(self, exc_type, exc, tb):
         if exc is not None and is_process_failure(exc):
             return False        # a process failed (ULFM): no agreement is possible; online recovery takes it
-        if exc is not None and not isinstance(exc, HpcCkptError):
-            exc.__hpcckpt_traceback__ = traceback.format_exc()
         words = self.words if exc is None else ()
         try:
             self.result = agree(self.comm, exc, self.what, words)
         except HpcCkptError:
             if exc is not None and not isinstance(exc, Exception):
-                exc.hpcckpt_agreed = True
+                mark_agreed(exc)
                 return False            # KeyboardInterrupt, SystemExit: the others know; re-raise it here
             raise
         return True

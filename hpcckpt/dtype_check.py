@@ -24,7 +24,7 @@ import hashlib
 
 import numpy as np
 
-from .comm import Collective, mark_collective, reduce_max
+from .comm import Collective, explain, mark_collective, reduce_max
 from .errors import ProtectError
 
 BUCKETS = 64
@@ -95,18 +95,17 @@ def check(comm, items, what):
 
 def _disagree(comm, entries):
     """Collective (failure path): name the first array the ranks disagree on, as the pfs level does."""
-    everyone = comm.gather(entries, root=0)
-    text = None
-    if comm.rank == 0:
+    def pick(everyone):
         seen = {}
         for rank, theirs in enumerate(everyone):
             for name, dtype, kind in theirs:
                 first = seen.setdefault(name, (dtype, kind))
-                if first != (dtype, kind) and text is None:
-                    text = (f"array {name!r}: the ranks disagree on its dtype or layout (rank {rank}: {dtype} {kind}; "
-                            f"a lower rank: {first[0]} {first[1]}); the node cache would store it, the pfs level "
-                            "cannot (one dtype per array name): give it one dtype on every rank, or a name of "
-                            "its own per dtype (docs/PORTING.md)")
-    text = comm.bcast(text, root=0)
+                if first != (dtype, kind):
+                    return (f"array {name!r}: the ranks disagree on its dtype or layout (rank {rank}: {dtype} "
+                            f"{kind}; a lower rank: {first[0]} {first[1]}); the node cache would store it, the pfs "
+                            "level cannot (one dtype per array name): give it one dtype on every rank, or a name "
+                            "of its own per dtype (docs/PORTING.md)")
+        return None
+    text = explain(comm, entries, pick)
     if text is not None:
         raise mark_collective(ProtectError(text))

@@ -2,7 +2,17 @@
 
 
 class HpcCkptError(Exception):
-    """Base class of every error hpcckpt raises on purpose."""
+    """Base class of every error hpcckpt raises on purpose.
+
+    Fields that hpcckpt.comm sets when the error crosses ranks (the class defaults otherwise):
+    ``collective``, raised on every rank of one collective call (so no rank aborts the job for
+    it: comm.mark_collective); ``reason``, the first failing rank's own words, not wrapped again
+    when the error is agreed once more; ``different_calls``, the ranks made different hpcckpt
+    calls (the application's ranks diverged: never handled as a failure of a step).
+    """
+    collective = False
+    reason = None
+    different_calls = False
 
 
 class ConfigError(HpcCkptError):
