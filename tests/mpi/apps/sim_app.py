@@ -15,7 +15,7 @@ The dynamics do not depend on the decomposition (every cell and particle is upda
 operations wherever it lives; the energy is summed on rank 0 in particle-id order), so a run
 restarted on another rank count ends bitwise equal to a failure-free run, globally.
 
-Options: --cache DIR --pfs DIR --name NAME --steps N --every K --level L --crash-at S
+Options: --cache DIR --pfs DIR --name NAME --steps N --every K --level L (or L1,L2,...: cycled) --crash-at S
 --crash-rank R --out DIR --no-restart --per-rank-rng --table-kib K --config-json JSON
 --extra-key (restart with a key the checkpoint lacks) --bad-replicated (rank 1's params differ).
 Prints "RESTART <step|None>" (rank 0), "CKPT <step> <level>" (rank 0), "ERROR <Class> rank=<r>
@@ -192,7 +192,8 @@ try:
             if step == a.crash_at and rank == a.crash_rank:
                 os.kill(os.getpid(), signal.SIGKILL)
             if (step + 1) % a.every == 0:
-                info = ckpt.checkpoint(step, current_state(), level=a.level)
+                levels = a.level.split(",")        # a comma list: cycled, one level per checkpoint
+                info = ckpt.checkpoint(step, current_state(), level=levels[(step + 1) // a.every % len(levels)])
                 if rank == 0:
                     say(f"CKPT {info.step} {info.level}")
         ckpt.wait()
