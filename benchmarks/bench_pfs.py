@@ -30,7 +30,8 @@ CONFIGS = (("direct", 2), ("direct", 1))
 def worker(a):
     import numpy as np
     import hpcckpt
-    from hpcckpt.levels.pfs import PfsStore, items_from_arrays
+    from hpcckpt.levels.pfs import PfsStore
+    from hpcckpt.levels.pfs_items import items_from_arrays
     from hpcckpt.topology import Topology
 
     comm = world()

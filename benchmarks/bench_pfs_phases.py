@@ -26,15 +26,15 @@ from common import (MiB, command, measure_limits, median, parser, result_line, r
 
 # (module path, object, attribute, phase name): what is timed
 PHASES = (
-    ("hpcckpt.levels.pfs", "PfsStore", "begin", "pfs.begin"),
+    ("hpcckpt.levels.pfs_save", "PfsSave", "begin", "pfs.begin"),
     ("hpcckpt.levels.pfs_files", None, "create_node_file", "pfs.begin: create node file"),
     ("hpcckpt.levels.local", "LocalCache", "write", "cache.write"),
-    ("hpcckpt.levels.pfs", "PendingStep", "drain", "pipe.drain"),
+    ("hpcckpt.levels.pfs_save", "PendingStep", "drain", "pipe.drain"),
     ("hpcckpt.checkpointer", "Checkpointer", "_redundancy_and_commit", "commit (local)"),
-    ("hpcckpt.levels.pfs", "PfsStore", "finish", "pfs.finish"),
-    ("hpcckpt.levels.pfs", "PfsStore", "_write_node", "pfs.finish: node file durable"),
+    ("hpcckpt.levels.pfs_save", "PfsSave", "finish", "pfs.finish"),
+    ("hpcckpt.levels.pfs_save", "PfsSave", "_write_node", "pfs.finish: node file durable"),
     ("hpcckpt.levels.pfs_files", None, "write_master", "pfs.finish: master file"),
-    ("hpcckpt.levels.pfs", "PfsStore", "_commit", "pfs.finish: commit"),
+    ("hpcckpt.levels.pfs_save", "PfsSave", "_commit", "pfs.finish: commit"),
     ("hpcckpt.levels.pfs", "PfsStore", "retire", "pfs.retire"),
 )
 

@@ -49,7 +49,8 @@ from .errors import (CheckpointWriteError, ConfigError, CorruptCheckpointError, 
                      IncompatibleCheckpointError, LayoutChangedError, MismatchError, ProtectError)
 from .levels.local import LocalCache
 from .levels.registry import REDUNDANT, SPECS
-from .levels.pfs import Item, PfsStore, items_from_manifest, listing as pfs_listing, remove_step_dir
+from .levels.pfs import PfsStore, listing as pfs_listing, remove_step_dir
+from .levels.pfs_items import Item, items_from_manifest
 from .levels.pfs_index import committed_steps as pfs_committed, max_index_bytes
 from .lock import DirLock
 from .protected import Protected, dropped, dropped_message

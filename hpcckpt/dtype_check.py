@@ -4,7 +4,7 @@ checkpoint of a Checkpointer whose pfs level is in force.)
 The node cache (local, partner, xor, rs) stores each rank's arrays as its own, so a name whose
 dtype differs between ranks (a state-dict key that is float64 on one rank and float32 on
 another) checkpoints there; the pfs level keeps one dtype per array name in its index and
-refuses it (``levels/pfs.py``, ``_entries``). ``check`` says so at the first checkpoint of any
+refuses it (``levels/pfs_items.py``, ``index_entries``). ``check`` says so at the first checkpoint of any
 level instead of at the first pfs step of the schedule, with the pfs level's message, on every
 rank.
 

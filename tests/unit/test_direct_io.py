@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hpcckpt import storage
-from hpcckpt.levels.pfs import NodeWriter
+from hpcckpt.levels.pfs_writer import NodeWriter
 
 A = storage.DIRECT_ALIGN
 

@@ -25,7 +25,8 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcckpt
-from hpcckpt.levels.pfs import PfsStore, items_from_arrays
+from hpcckpt.levels.pfs import PfsStore
+from hpcckpt.levels.pfs_items import items_from_arrays
 from hpcckpt.topology import Topology
 
 p = argparse.ArgumentParser()
