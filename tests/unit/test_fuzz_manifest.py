@@ -199,7 +199,7 @@ def _cache(root, rank):
 def _member_data_ok(root, rank, doc):
     """Would a rebuild that trusts this member manifest restore wrong data? True when it is safe:
     the manifest is refused, or the (pristine) data fails it, or the data it describes is right."""
-    from hpcckpt import manifest as mf, storage
+    from hpcckpt import data_file, manifest as mf
     from hpcckpt.errors import HpcCkptError
     cache = _cache(root, rank)
     try:
@@ -211,7 +211,7 @@ def _member_data_ok(root, rank, doc):
     if {a.name for a in m.arrays} != set(arrays) or any(arrays[a.name].shape != a.shape or
                                                         arrays[a.name].dtype.str != a.dtype for a in m.arrays):
         return True   # MismatchError at restart: refused, not restored
-    storage.read_into(cache.data_path(9), m.data_size, [(arrays[a.name], a.offset) for a in m.arrays], 1 << 20)
+    data_file.read_into(cache.data_path(9), m.data_size, [(arrays[a.name], a.offset) for a in m.arrays], 1 << 20)
     return all(arrays[k].tobytes() == np.asarray(w).tobytes() for k, w in zip(("u", "grid", "it"),
                                                                               expected_state(rank, 9)))
 
@@ -251,9 +251,9 @@ def test_fuzz_held_redundancy_is_never_accepted_wrongly(held, tmp_path):
                 else:
                     # accepted: the copy must hold exactly the source rank's arrays of step 9
                     arrays = {a.name: np.empty(a.shape, a.dtype) for a in m.arrays}
-                    from hpcckpt import storage
-                    storage.read_into(lv._copy_paths(9, srcrank)[0], m.data_size,
-                                      [(arrays[a.name], a.offset) for a in m.arrays], 1 << 20)
+                    from hpcckpt import data_file
+                    data_file.read_into(lv._copy_paths(9, srcrank)[0], m.data_size,
+                                        [(arrays[a.name], a.offset) for a in m.arrays], 1 << 20)
                     want = dict(zip(("u", "grid", "it"), expected_state(srcrank, 9)))
                     if set(arrays) == set(want) and all(arrays[k].tobytes() == np.asarray(w).tobytes()
                                                         for k, w in want.items()):
