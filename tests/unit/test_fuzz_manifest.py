@@ -7,7 +7,7 @@ or truncate it at a random length), removes the other level (so step 9 has one s
 fresh arrays. The outcome must be: bitwise the state of the step it returned, or None with the
 arrays untouched; never an exception other than an HpcCkptError. Each case is also run through
 the verification function of its file type (manifest.parse + storage.verify_file,
-catalog.verify, pfs parse_index / PfsStore.verify) and counted as detected there or not.
+catalog_verify.verify, pfs parse_index / PfsStore.verify) and counted as detected there or not.
 
 Held redundancy (partner copies, parity.dat, encoded.json) is fuzzed against the partner and
 encoded levels' own acceptance checks on files written by a real 4-rank job (mpi marker).
@@ -106,7 +106,7 @@ def restart_outcome(root):
 def verifier_detects(root, rel):
     """Does the verification function of this file's type reject the checkpoint it belongs to?"""
     from mpi4py import MPI
-    from hpcckpt import catalog, storage
+    from hpcckpt import catalog, catalog_verify, storage
     from hpcckpt.errors import HpcCkptError
     from hpcckpt.levels import pfs_index as pfsmod, pfs as pfsstore
     path = os.path.join(root, rel)
@@ -130,7 +130,7 @@ def verifier_detects(root, rel):
         finally:
             store.close()
     found = [f for f in catalog.find(os.path.dirname(path)) if f.rank == 0]
-    return not found or catalog.verify(found[0]) is not None
+    return not found or catalog_verify.verify(found[0]) is not None
 
 
 def test_fuzz_every_file_restart_never_returns_wrong_data(pristine, tmp_path):
