@@ -13,7 +13,7 @@ For each size (MiB per rank) one mpiexec job measures, with every rank working a
                       (non-temporal stores, ntcopy), or written in io_chunk system calls (pwrite);
                       integrity_share = 1 - (the fastest of the three) / checkpoint
   - hash_cache_hot:   each rank hashes as many bytes as it checkpoints, from a cache-hot piece of
-                      storage.HASH_PIECE bytes: what a separate hashing pass costs at least
+                      data_file.HASH_PIECE bytes: what a separate hashing pass costs at least
   - restart:          Checkpointer.restart() (verify checksums, then read into the arrays)
 Time = slowest rank between two barriers; aggregate bandwidth = ranks x bytes / time; medians.
 FTI 1.6 L1, measured in one session with hpcckpt (../shared/ANCHORS.md; common.FTI_MIB_S): 985 MiB/s at
@@ -35,7 +35,7 @@ NO_INTEGRITY = ("no_integrity_memcpy", "no_integrity_ntcopy", "no_integrity_pwri
 def worker(a):
     import numpy as np
     import hpcckpt
-    from hpcckpt import storage
+    from hpcckpt import data_file
 
     comm = world()
     data = np.random.default_rng(comm.rank).integers(0, 2**63, a.size * MiB // 8, dtype=np.int64)
@@ -56,7 +56,7 @@ def worker(a):
 
     cache = os.path.join(a.dir, "cache", "node{node}")
     if a.hash_piece:
-        storage.HASH_PIECE = a.hash_piece << 10
+        data_file.HASH_PIECE = a.hash_piece << 10
     with hpcckpt.Checkpointer(comm, name="bench", cache_dir=cache, ranks_per_node=1, io_chunk=a.io_chunk,
                               write_method=a.write_method) as ckpt:
         ckpt.protect("data", data)
@@ -65,7 +65,7 @@ def worker(a):
         for _ in range(2):                   # fill keep=2 and the spare: steady state from here
             step += 1
             ckpt.checkpoint(step, "local")
-        real = storage.new_hasher, storage.HASH_PIECE, storage.copy_and_hash, storage.write_arrays
+        real = data_file.new_hasher, data_file.HASH_PIECE, data_file.copy_and_hash, data_file.write_arrays
 
         class NoHash:
             def update(self, b):
@@ -89,14 +89,14 @@ def worker(a):
         def without_integrity(method, copy=memcpy):
             def write_by(*args):   # local.py passes write_arrays' arguments in order, the method 8th
                 return real[3](*args[:7], method, *args[8:])
-            storage.new_hasher, storage.HASH_PIECE, storage.copy_and_hash, storage.write_arrays = (
+            data_file.new_hasher, data_file.HASH_PIECE, data_file.copy_and_hash, data_file.write_arrays = (
                 NoHash, 1 << 40, copy, write_by)
             try:
                 ckpt.checkpoint(step, "local")
             finally:
-                storage.new_hasher, storage.HASH_PIECE, storage.copy_and_hash, storage.write_arrays = real
+                data_file.new_hasher, data_file.HASH_PIECE, data_file.copy_and_hash, data_file.write_arrays = real
         real_hasher = real[0]
-        hot = memoryview(data.view(np.uint8)[:storage.HASH_PIECE])
+        hot = memoryview(data.view(np.uint8)[:data_file.HASH_PIECE])
 
         def hash_hot():
             h = real_hasher()
@@ -130,11 +130,11 @@ def main(argv=None):
     p.add_argument("--write-method", default="mmap", choices=("mmap", "pwrite"),
                    help="Checkpointer write_method (default mmap)")
     p.add_argument("--hash-piece", type=int, default=0,
-                   help="KiB per write-then-hash system call (default: storage.HASH_PIECE, 128)")
+                   help="KiB per write-then-hash system call (default: data_file.HASH_PIECE, 128)")
     a = p.parse_args(argv)
     if a.worker:
         return worker(a)
-    from hpcckpt import storage
+    from hpcckpt import data_file
     if a.quick:
         a.sizes, a.reps = "16", 2
     rows = []
@@ -149,7 +149,7 @@ def main(argv=None):
             shutil.rmtree(a.dir, ignore_errors=True)
         raw = result_line(out)
         total = a.ranks * size * MiB
-        row = {"ranks": a.ranks, "mib_per_rank": size, "io_chunk": a.io_chunk, "write_method": a.write_method, "hash_piece_kib": a.hash_piece or storage.HASH_PIECE >> 10, "seconds": {k: median(v) for k, v in raw.items()},
+        row = {"ranks": a.ranks, "mib_per_rank": size, "io_chunk": a.io_chunk, "write_method": a.write_method, "hash_piece_kib": a.hash_piece or data_file.HASH_PIECE >> 10, "seconds": {k: median(v) for k, v in raw.items()},
                "samples": raw}
         row["mib_s"] = {k: total / MiB / t for k, t in row["seconds"].items()}
         row["checkpoint_fraction_of_limit_overwrite"] = row["mib_s"]["checkpoint"] / row["mib_s"]["limit_overwrite"]

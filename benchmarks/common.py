@@ -412,7 +412,7 @@ def compile_nt_copy():
 def tmpfs_overwrite_ways(data, path):
     """The ways of overwriting the existing tmpfs file ``path`` (``data``'s size) with ``data``
     that the tmpfs limit takes the fastest of: ``write``, os.write of 1 MiB per call; through a
-    mapping of the file kept open (made here, outside the timing, as storage.Mappings keeps the
+    mapping of the file kept open (made here, outside the timing, as data_file.Mappings keeps the
     local level's), ``mapped_memcpy`` (np.copyto) and ``mapped_ntcopy`` (the non-temporal copy
     loop of hpcckpt's kernel without the checksum). Returns ({way: fn}, close)."""
     import mmap

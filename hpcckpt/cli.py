@@ -6,7 +6,7 @@ import os
 import re
 import sys
 
-from . import __version__, catalog, lock
+from . import __version__, catalog, catalog_inspect, catalog_verify, lock
 from .errors import HpcCkptError
 from .state import STATE_ENTRY
 from .units import format_size as _size
@@ -63,7 +63,7 @@ def _list_rows(cat):
                     f"{'-':<19}  {state}")
             rows.append(((p.job, 0, p.step, 1), text, tree))
             continue
-        problems = catalog.pfs_file_problems(p)
+        problems = catalog_verify.pfs_file_problems(p)
         bad_files = {w.split(" ", 1)[0] for w in problems}
         ranks = sum(1 for r in range(ix.world_size) if f"node_{ix.node_of[r]:06d}.h5" not in bad_files)
         state = "committed" + (f"; {'; '.join(problems[:4])}" if problems else "")
@@ -109,7 +109,7 @@ def cmd_verify(args):
         what = f"step {args.step}" if args.step is not None else "checkpoints"
         print(f"hpcckpt verify: no {what} under {args.dir}", file=sys.stderr)
         return 2
-    findings, counts = catalog.check(cat, partial=args.partial, verbose=args.verbose)
+    findings, counts = catalog_verify.check(cat, partial=args.partial, verbose=args.verbose)
     for f in findings:
         print(f)
     running = lock.running_jobs([f.job_dir for f in cat.found] + [s.job_dir for s in cat.pfs])
@@ -138,7 +138,7 @@ def _state_rows(docs):
     for rank, doc in sorted(docs.items()):
         for key, enc in doc["items"].items():
             layout = doc["layouts"].get(key, {}).get("kind", "rank")
-            row = keys.setdefault(key, [layout, catalog.describe_value(enc), []])
+            row = keys.setdefault(key, [layout, catalog_inspect.describe_value(enc), []])
             row[2].append(rank)
     return keys
 
@@ -172,7 +172,7 @@ def _inspect_cache(cs, step):
     docs = {}
     for f in good:
         try:
-            doc = catalog.state_document(f)
+            doc = catalog_inspect.state_document(f)
         except HpcCkptError as e:
             damaged = True
             print(f"rank {f.rank}: state document unreadable: {e}")
@@ -210,7 +210,7 @@ def _inspect_pfs(p):
     nnodes = len(ix.files)
     print(f"job {ix.name!r}, step {ix.step}, epoch {ix.epoch}, level pfs ({p.path}), written by {ix.world_size} "
           f"ranks on {nnodes} node(s); {_size(sum(ix.files.values()))} in {nnodes} node file(s)")
-    problems = catalog.pfs_file_problems(p)
+    problems = catalog_verify.pfs_file_problems(p)
     for w in problems:
         print(f"  {w}")
     print(f"{'array':<20} {'dtype':<6} {'layout':<11} shape")

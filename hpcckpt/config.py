@@ -22,7 +22,7 @@ from .units import parse_duration, parse_size
 
 from .levels.registry import LEVELS  # noqa: E402 - one definition of the level names
 POLICIES = ("auto", "fixed", "young", "daly", "multilevel")
-WRITE_METHODS = ("mmap", "pwrite")       # how the local level writes its data files (storage.write_arrays)
+WRITE_METHODS = ("mmap", "pwrite")       # how the local level writes its data files (data_file.write_arrays)
 STARTS = ("resume", "fresh")             # what restart() does: restore the newest checkpoint, or none
 STALL_ACTIONS = ("warn", "abort")        # what the stall watchdog does after reporting (hpcckpt.watchdog)
 LOCAL_KEYS = ("log_level", "stall_timeout", "stall_action")   # may differ between ranks (no message depends on them)

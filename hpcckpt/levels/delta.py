@@ -34,7 +34,7 @@ import struct
 import numpy as np
 import xxhash
 
-from .. import manifest as mf, storage
+from .. import data_file, manifest as mf, storage
 from ..errors import CorruptCheckpointError
 
 MAGIC = b"HCKBLKS1"
@@ -61,14 +61,14 @@ def block_digests(data, block):
 
 
 class BlockDigester:
-    """Local: the block digests of a data file being written (storage.write_arrays), taken from
+    """Local: the block digests of a data file being written (data_file.write_arrays), taken from
     each array's source bytes as soon as the copy has passed a whole block of the file that lies
     inside that array (``chunk``, the write's on_chunk: those bytes are still in the CPU cache),
     and from the file itself for the rest (blocks across arrays or gaps; ``finish``). The same
     digests as block_digests of the whole file."""
 
     def __init__(self, arrays, block):
-        layout, self.size = storage.file_layout(arrays)
+        layout, self.size = data_file.file_layout(arrays)
         self.offsets = [off for _, off, _ in layout]
         self.block = block
         self.digests = np.empty(block_count(self.size, block), np.uint64)

@@ -14,7 +14,7 @@ import uuid
 
 import numpy as np
 
-from .. import faults, manifest as mf, storage
+from .. import data_file, faults, manifest as mf, storage
 from ..config import expand_cache_dir
 from .registry import REDUNDANT
 from ..errors import CheckpointWriteError, CorruptCheckpointError, IncompatibleCheckpointError
@@ -63,7 +63,7 @@ class LocalCache:
         self._buffer = None
         # the mappings of the data files in rotation (reuse_files: the kept steps and the spare;
         # with incremental also the base of the incremental steps, read by the xor/rs delta)
-        self.mappings = storage.Mappings(cfg.keep + 2 + bool(cfg.incremental)) if cfg.reuse_files else None
+        self.mappings = data_file.Mappings(cfg.keep + 2 + bool(cfg.incremental)) if cfg.reuse_files else None
         self.block_digests = None    # (step, block, digests) of the last write (incremental, levels/delta.py)
         self._odd_spare_told = False  # warned that the spare path is not a regular file
         self._deleter = storage.Deleter("hpcckpt-cache-remove")   # unlinks retired large files (_discard)
@@ -199,13 +199,13 @@ class LocalCache:
         def on_written(file_bytes):
             if digester is not None:
                 self.block_digests = (step, self.cfg.incremental_block, digester.finish(file_bytes))
-            if pipe is not None and self.mappings is None and not isinstance(file_bytes, storage.FileBytes):
+            if pipe is not None and self.mappings is None and not isinstance(file_bytes, data_file.FileBytes):
                 pipe.drain()        # the mapping it reads is closed next; else the pfs step's finish waits
         hooked = digester is not None or pipe is not None
-        entries, size = storage.write_arrays(path, arrays, self.cfg.io_chunk, self.cfg.file_mode,
-                                             self.cfg.cache_fsync, reuse, fault, self.cfg.write_method,
-                                             on_written if hooked else None, on_chunk if hooked else None,
-                                             self.mappings)
+        entries, size = data_file.write_arrays(path, arrays, self.cfg.io_chunk, self.cfg.file_mode,
+                                               self.cfg.cache_fsync, reuse, fault, self.cfg.write_method,
+                                               on_written if hooked else None, on_chunk if hooked else None,
+                                               self.mappings)
         table = []
         for (name, array, layout), (_, offset, nbytes, checksum) in zip(items, entries):
             table.append(mf.ArrayEntry(name, array.dtype.str, tuple(array.shape), offset, nbytes, checksum,
@@ -216,7 +216,7 @@ class LocalCache:
                                epoch=epoch, placement=self.placement)
 
     def close(self):
-        """Local: drop the kept mappings (storage.Mappings); wait for the background unlinks."""
+        """Local: drop the kept mappings (data_file.Mappings); wait for the background unlinks."""
         if self.mappings is not None:
             self.mappings.close()
         self._deleter.wait()
@@ -309,7 +309,7 @@ class LocalCache:
 
     def kept_bytes(self, step, size):
         """Local: a read-only uint8 view of the whole data file of ``step`` (``size`` bytes) from
-        the mapping its write left open (storage.Mappings), or None when none is kept: then read
+        the mapping its write left open (data_file.Mappings), or None when none is kept: then read
         the file (a fresh mapping would fault its pages in one by one)."""
         if self.mappings is None or not size:
             return None
@@ -361,7 +361,7 @@ class LocalCache:
 
     def _read_buffer(self):
         if self._buffer is None:
-            self._buffer = np.empty(min(self.cfg.io_chunk, storage.HASH_PIECE), np.uint8)
+            self._buffer = np.empty(min(self.cfg.io_chunk, data_file.HASH_PIECE), np.uint8)
         return self._buffer
 
     def verify(self, manifest):
@@ -384,7 +384,7 @@ class LocalCache:
                 tmp = np.empty(array.shape, array.dtype)
                 direct.append((tmp, entries[name].offset))
                 copies.append((array, tmp))
-        storage.read_into(self.data_path(manifest.step), manifest.data_size, direct, self.cfg.io_chunk, fault)
+        data_file.read_into(self.data_path(manifest.step), manifest.data_size, direct, self.cfg.io_chunk, fault)
         for array, tmp in copies:
             np.copyto(array, tmp)
 

@@ -112,7 +112,7 @@ def render(d):
     for f in fuzz:
         out.append(f"- **{f['case']}** (seed {f['seed']}): {f['cases']} cases: {f['detected']} detected, "
                    f"{f['harmless']} harmless, **{f['wrong']} wrong, {f['crash']} crashes**"
-                   + (f"; the file type's verifier (manifest.parse + verify_file / catalog.verify, "
+                   + (f"; the file type's verifier (manifest.parse + verify_file / catalog_verify.verify, "
                       f"PfsStore.verify) rejected {f['verifier_detected']}" if "verifier_detected" in f else ""))
         if "by_file" in f:
             out += ["", "| file (steps 4 and 9) | cases | detected by restart | harmless | rejected by verifier |",

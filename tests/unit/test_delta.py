@@ -195,7 +195,7 @@ def test_block_digester_during_the_copy_equals_the_digests_of_the_file(tmp_path,
     """BlockDigester takes the blocks inside one array from the source as the copy passes them,
     the rest (across arrays and gaps) from the file: the same digests as block_digests of the
     written file, for arrays large and small, aligned and not."""
-    from hpcckpt import storage
+    from hpcckpt import data_file
     from hpcckpt.levels.delta import BlockDigester, block_digests
     rng = np.random.default_rng(5)
     arrays = [("a", rng.integers(0, 256, 3 * (1 << 20) + 17, dtype=np.uint8)), ("s", np.arange(7.0)),
@@ -203,7 +203,7 @@ def test_block_digester_during_the_copy_equals_the_digests_of_the_file(tmp_path,
     d = BlockDigester(arrays, block)
     got = {}
     path = str(tmp_path / "f.dat")
-    storage.write_arrays(path, arrays, 4096 * 5, on_chunk=d.chunk,
-                         on_written=lambda file_bytes: got.setdefault("d", d.finish(file_bytes).copy()))
+    data_file.write_arrays(path, arrays, 4096 * 5, on_chunk=d.chunk,
+                           on_written=lambda file_bytes: got.setdefault("d", d.finish(file_bytes).copy()))
     data = np.fromfile(path, np.uint8)
     assert data.size == d.size and d.done.any() and np.array_equal(got["d"], block_digests(data, block))

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from hpcckpt import storage
+from hpcckpt import data_file, storage
 from hpcckpt.levels.pfs_writer import NodeWriter
 
 A = storage.DIRECT_ALIGN
@@ -34,7 +34,7 @@ def test_large_arrays_start_page_aligned_in_data_files(tmp_path):
     big = storage.PAGE_ALIGN_MIN
     arrays = [("s", np.arange(3, dtype=np.int8)), ("b", np.ones(big // 8 + 1)), ("t", np.zeros(5)),
               ("c", np.arange(big, dtype=np.uint8))]
-    entries, size = storage.write_arrays(str(tmp_path / "f.dat"), arrays, 1 << 20)
+    entries, size = data_file.write_arrays(str(tmp_path / "f.dat"), arrays, 1 << 20)
     offsets = {name: off for name, off, _, _ in entries}
     assert offsets["s"] == 0 and offsets["b"] % A == 0 and offsets["c"] % A == 0
     assert offsets["t"] % 64 == 0 and offsets["t"] % A != 0
@@ -227,7 +227,7 @@ def test_a_retired_node_file_of_the_same_layout_is_reused_in_place(tmp_path):
 
 
 def _piped_write(path, arrays, chunk=1 << 20, handed=None, finals=None):
-    """storage.write_arrays with on_chunk (as the sync pfs flush calls it): its entries, and per
+    """data_file.write_arrays with on_chunk (as the sync pfs flush calls it): its entries, and per
     array the prefix lengths handed over (into ``handed``, when given) and whether each came
     with the mapped file's bytes (into ``finals``)."""
     handed = {} if handed is None else handed
@@ -239,7 +239,7 @@ def _piped_write(path, arrays, chunk=1 << 20, handed=None, finals=None):
             assert final.tobytes() == source.tobytes()
         handed.setdefault(i, []).append(source.nbytes)
         finals.setdefault(i, set()).add(final is not None)
-    entries, size = storage.write_arrays(path, arrays, chunk, on_chunk=on_chunk)
+    entries, size = data_file.write_arrays(path, arrays, chunk, on_chunk=on_chunk)
     return entries, size, handed
 
 
@@ -257,7 +257,7 @@ def test_on_chunk_hands_over_growing_prefixes_of_a_new_file_and_of_an_overwritte
     def fallocate(fd, offset, length):
         allocated.append((offset, length))
         return real(fd, offset, length)
-    plain, plain_size = storage.write_arrays(str(tmp_path / "plain"), arrays, 1 << 20)
+    plain, plain_size = data_file.write_arrays(str(tmp_path / "plain"), arrays, 1 << 20)
     for new in (True, False):                    # the second write goes over the first's file
         handed, finals = {}, {}
         os.posix_fallocate = fallocate
@@ -276,7 +276,7 @@ def test_an_overwritten_file_that_grew_has_only_its_tail_allocated(tmp_path):
     """Into the mapping of an existing file that the data outgrew, only the grown tail is
     allocated (a full file system then fails with ENOSPC, never SIGBUS)."""
     path = str(tmp_path / "f.dat")
-    storage.write_arrays(path, [("x", np.ones(1000))], 4096)
+    data_file.write_arrays(path, [("x", np.ones(1000))], 4096)
     allocated = []
     real = os.posix_fallocate
 
@@ -286,7 +286,7 @@ def test_an_overwritten_file_that_grew_has_only_its_tail_allocated(tmp_path):
     data = np.arange(5000.0)
     os.posix_fallocate = fallocate
     try:
-        entries, size = storage.write_arrays(path, [("x", data)], 4096)
+        entries, size = data_file.write_arrays(path, [("x", data)], 4096)
     finally:
         os.posix_fallocate = real
     assert allocated == [(8000, size - 8000)]

@@ -7,7 +7,7 @@ or truncate it at a random length), removes the other level (so step 9 has one s
 fresh arrays. The outcome must be: bitwise the state of the step it returned, or None with the
 arrays untouched; never an exception other than an HpcCkptError. Each case is also run through
 the verification function of its file type (manifest.parse + storage.verify_file,
-catalog.verify, pfs parse_index / PfsStore.verify) and counted as detected there or not.
+catalog_verify.verify, pfs parse_index / PfsStore.verify) and counted as detected there or not.
 
 Held redundancy (partner copies, parity.dat, encoded.json) is fuzzed against the partner and
 encoded levels' own acceptance checks on files written by a real 4-rank job (mpi marker).
@@ -106,7 +106,7 @@ def restart_outcome(root):
 def verifier_detects(root, rel):
     """Does the verification function of this file's type reject the checkpoint it belongs to?"""
     from mpi4py import MPI
-    from hpcckpt import catalog, storage
+    from hpcckpt import catalog, catalog_verify, storage
     from hpcckpt.errors import HpcCkptError
     from hpcckpt.levels import pfs_index as pfsmod, pfs as pfsstore
     path = os.path.join(root, rel)
@@ -130,7 +130,7 @@ def verifier_detects(root, rel):
         finally:
             store.close()
     found = [f for f in catalog.find(os.path.dirname(path)) if f.rank == 0]
-    return not found or catalog.verify(found[0]) is not None
+    return not found or catalog_verify.verify(found[0]) is not None
 
 
 def test_fuzz_every_file_restart_never_returns_wrong_data(pristine, tmp_path):
@@ -199,7 +199,7 @@ def _cache(root, rank):
 def _member_data_ok(root, rank, doc):
     """Would a rebuild that trusts this member manifest restore wrong data? True when it is safe:
     the manifest is refused, or the (pristine) data fails it, or the data it describes is right."""
-    from hpcckpt import manifest as mf, storage
+    from hpcckpt import data_file, manifest as mf
     from hpcckpt.errors import HpcCkptError
     cache = _cache(root, rank)
     try:
@@ -211,7 +211,7 @@ def _member_data_ok(root, rank, doc):
     if {a.name for a in m.arrays} != set(arrays) or any(arrays[a.name].shape != a.shape or
                                                         arrays[a.name].dtype.str != a.dtype for a in m.arrays):
         return True   # MismatchError at restart: refused, not restored
-    storage.read_into(cache.data_path(9), m.data_size, [(arrays[a.name], a.offset) for a in m.arrays], 1 << 20)
+    data_file.read_into(cache.data_path(9), m.data_size, [(arrays[a.name], a.offset) for a in m.arrays], 1 << 20)
     return all(arrays[k].tobytes() == np.asarray(w).tobytes() for k, w in zip(("u", "grid", "it"),
                                                                               expected_state(rank, 9)))
 
@@ -251,9 +251,9 @@ def test_fuzz_held_redundancy_is_never_accepted_wrongly(held, tmp_path):
                 else:
                     # accepted: the copy must hold exactly the source rank's arrays of step 9
                     arrays = {a.name: np.empty(a.shape, a.dtype) for a in m.arrays}
-                    from hpcckpt import storage
-                    storage.read_into(lv._copy_paths(9, srcrank)[0], m.data_size,
-                                      [(arrays[a.name], a.offset) for a in m.arrays], 1 << 20)
+                    from hpcckpt import data_file
+                    data_file.read_into(lv._copy_paths(9, srcrank)[0], m.data_size,
+                                        [(arrays[a.name], a.offset) for a in m.arrays], 1 << 20)
                     want = dict(zip(("u", "grid", "it"), expected_state(srcrank, 9)))
                     if set(arrays) == set(want) and all(arrays[k].tobytes() == np.asarray(w).tobytes()
                                                         for k, w in want.items()):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hpcckpt import CorruptCheckpointError, IncompatibleCheckpointError, ProtectError
-from hpcckpt import manifest as mf, storage
+from hpcckpt import data_file, manifest as mf, storage
 from hpcckpt.config import WRITE_METHODS
 
 
@@ -147,13 +147,13 @@ def test_write_verify_read_round_trip(tmp_path, chunk, method):
     arrays = [("a", rng.random(12345)), ("b", np.arange(7, dtype=np.int16).reshape(7, 1)),
               ("c", np.zeros((), np.complex128) + 1j), ("d", np.zeros(0, np.uint8))]
     path = str(tmp_path / "f.dat")
-    entries, size = storage.write_arrays(path, arrays, chunk, method=method)
+    entries, size = data_file.write_arrays(path, arrays, chunk, method=method)
     assert os.path.getsize(path) == size
     assert all(off % 64 == 0 for _, off, _, _ in entries)
     buf = np.empty(4096, np.uint8)
     storage.verify_file(path, size, entries, buf)
     out = [np.empty_like(a) for _, a in arrays]
-    storage.read_into(path, size, [(o, e[1]) for o, e in zip(out, entries)], chunk)
+    data_file.read_into(path, size, [(o, e[1]) for o, e in zip(out, entries)], chunk)
     for (_, a), o in zip(arrays, out):
         assert a.tobytes() == o.tobytes()
 
@@ -168,11 +168,11 @@ def test_checksum_written_in_pieces_is_the_whole_array_digest(tmp_path, chunk, m
     and the arrays' bytes."""
     from hpcckpt.codecs.checksum import digest
     rng = np.random.default_rng(2)
-    arrays = [("a", rng.integers(0, 255, storage.HASH_PIECE * 3 + 17, dtype=np.uint8)),
+    arrays = [("a", rng.integers(0, 255, data_file.HASH_PIECE * 3 + 17, dtype=np.uint8)),
               ("b", rng.random(100003)), ("c", np.arange(5, dtype=np.int8))]
     if existing:
         (tmp_path / "f.dat").write_bytes(b"x" * 5000)
-    entries, size = storage.write_arrays(str(tmp_path / "f.dat"), arrays, chunk, method=method)
+    entries, size = data_file.write_arrays(str(tmp_path / "f.dat"), arrays, chunk, method=method)
     data = (tmp_path / "f.dat").read_bytes()
     assert len(data) == size
     for (_, a), (_, offset, nbytes, checksum) in zip(arrays, entries):
@@ -185,11 +185,11 @@ def test_checksum_written_in_pieces_is_the_whole_array_digest(tmp_path, chunk, m
 def test_reused_file_is_resized_and_identical(tmp_path, method, spare_elements):
     """A spare larger, as large as, or smaller than the new data is overwritten in place."""
     spare = str(tmp_path / "spare.dat")
-    storage.write_arrays(spare, [("x", np.ones(spare_elements))], 4096, method=method)
+    data_file.write_arrays(spare, [("x", np.ones(spare_elements))], 4096, method=method)
     inode = os.stat(spare).st_ino
     path = str(tmp_path / "new.dat")
     data = np.arange(1000, dtype=np.float64)
-    entries, size = storage.write_arrays(path, [("x", data)], 4096, reuse=spare, method=method)
+    entries, size = data_file.write_arrays(path, [("x", data)], 4096, reuse=spare, method=method)
     assert not os.path.exists(spare) and os.path.getsize(path) == size == data.nbytes
     assert os.stat(path).st_ino == inode
     storage.verify_file(path, size, entries, np.empty(4096, np.uint8))
@@ -202,13 +202,13 @@ def test_a_fault_mid_write_raises_and_leaves_no_descriptor_open(tmp_path, method
         raise OSError(28, "No space left on device (injected fault)")
     before = len(os.listdir("/proc/self/fd"))
     with pytest.raises(OSError, match="injected"):
-        storage.write_arrays(str(tmp_path / "f.dat"), [("a", np.ones(100000))], 4096, fault=fail, method=method)
+        data_file.write_arrays(str(tmp_path / "f.dat"), [("a", np.ones(100000))], 4096, fault=fail, method=method)
     assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_damage_is_detected(tmp_path):
     path = str(tmp_path / "f.dat")
-    entries, size = storage.write_arrays(path, [("a", np.arange(50000.0))], 8192)
+    entries, size = data_file.write_arrays(path, [("a", np.arange(50000.0))], 8192)
     buf = np.empty(8192, np.uint8)
     with open(path, "r+b") as f:
         f.seek(123457)
@@ -231,33 +231,33 @@ def test_atomic_write_leaves_no_temp(tmp_path):
 
 
 def test_kept_mappings_are_reused_resized_dropped_and_closed(tmp_path):
-    """storage.Mappings: a rewrite of the same file (same size) finds its mapping; another size
+    """data_file.Mappings: a rewrite of the same file (same size) finds its mapping; another size
     (shrunk, grown: a state whose arrays change length) resizes it (mremap: the same mapping
     object); one that cannot be resized (a view of it still held) is mapped again; a file
     unlinked meanwhile is dropped at the next write; at most ``limit`` are kept; close() leaves
     no descriptor open; the bytes are always the new ones."""
     before = len(os.listdir("/proc/self/fd"))
-    maps = storage.Mappings(2)
+    maps = data_file.Mappings(2)
     a, b, c = (str(tmp_path / n) for n in "abc")
     data = [np.full(70000, i, np.uint8) for i in range(4)]
-    storage.write_arrays(a, [("x", data[0])], 4096, mappings=maps)
+    data_file.write_arrays(a, [("x", data[0])], 4096, mappings=maps)
     first = maps._maps[next(iter(maps._maps))][2]
-    storage.write_arrays(a, [("x", data[1])], 4096, mappings=maps)
+    data_file.write_arrays(a, [("x", data[1])], 4096, mappings=maps)
     assert len(maps._maps) == 1 and maps._maps[next(iter(maps._maps))][2] is first
     assert open(a, "rb").read() == data[1].tobytes()
-    storage.write_arrays(a, [("x", data[2][:5000])], 4096, mappings=maps)     # shrunk
+    data_file.write_arrays(a, [("x", data[2][:5000])], 4096, mappings=maps)   # shrunk
     assert len(maps._maps) == 1 and open(a, "rb").read() == data[2][:5000].tobytes()
     assert maps._maps[next(iter(maps._maps))][2] is first and len(first) == 5000
     grown = np.arange(90000, dtype=np.uint8)
-    storage.write_arrays(a, [("x", grown)], 4096, mappings=maps)              # grown past its old size
+    data_file.write_arrays(a, [("x", grown)], 4096, mappings=maps)            # grown past its old size
     assert maps._maps[next(iter(maps._maps))][2] is first and open(a, "rb").read() == grown.tobytes()
     held = np.frombuffer(first, np.uint8)                                    # a view still in use
-    storage.write_arrays(a, [("x", data[2][:6000])], 4096, mappings=maps)
+    data_file.write_arrays(a, [("x", data[2][:6000])], 4096, mappings=maps)
     assert maps._maps[next(iter(maps._maps))][2] is not first and open(a, "rb").read() == data[2][:6000].tobytes()
     del held, first                 # (the closed mapping keeps its descriptor until collected)
-    storage.write_arrays(b, [("x", data[3])], 4096, mappings=maps)
+    data_file.write_arrays(b, [("x", data[3])], 4096, mappings=maps)
     os.unlink(a)
-    storage.write_arrays(c, [("x", data[3])], 4096, mappings=maps)          # a's is dropped, not evicted
+    data_file.write_arrays(c, [("x", data[3])], 4096, mappings=maps)        # a's is dropped, not evicted
     assert len(maps._maps) == 2
     fd = os.open(c, os.O_RDONLY)
     try:

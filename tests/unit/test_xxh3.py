@@ -35,7 +35,7 @@ def _at(nbytes, misalign=0):
 
 
 def test_import_loads_no_numba():
-    code = ("import sys, hpcckpt.storage, hpcckpt.codecs.xxh3\n"
+    code = ("import sys, hpcckpt.storage, hpcckpt.data_file, hpcckpt.codecs.xxh3\n"
             "assert 'numba' not in sys.modules, 'importing the storage layer must not import Numba'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
 
