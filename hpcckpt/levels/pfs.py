@@ -56,7 +56,7 @@ from ..watchdog import watch
 from ..errors import (CheckpointWriteError, CorruptCheckpointError, HpcCkptError, IncompatibleCheckpointError,
                       MismatchError, ProtectError)
 from . import hdf5_layout as lay
-from . import pfs_files as files
+from . import pfs_check, pfs_files as files
 from .pfs_index import (GLOBAL_LAYOUTS, MARKER, MASTER, SPARE, TRASH, SHARED_LAYOUTS, Block, Entry, Index, id_ok,
                         listing as _listing, max_index_bytes, read_index)
 
@@ -527,7 +527,7 @@ class PfsStore:
                 doc = None
                 e = index.entry(st.STATE_ENTRY)
                 if with_document and e is not None and e.blocks[0] is not None:
-                    reader = files.BlockReader(self.step_dir(index.step), index, self.chunk)
+                    reader = pfs_check.BlockReader(self.step_dir(index.step), index, self.chunk)
                     try:
                         data = reader.read_verified(index.arrays.index(e), 0)
                     finally:
@@ -546,7 +546,7 @@ class PfsStore:
         succeeded is anything filled."""
         index, doc0 = self._load(step, with_document=True)
         step_dir = self.step_dir(index.step)
-        reader = files.BlockReader(step_dir, index, self.chunk)
+        reader = pfs_check.BlockReader(step_dir, index, self.chunk)
         try:
             with Collective(self.comm, f"restoring pfs step {step}: checking the arrays and state"):
                 targets, plan = self._plan(index, doc0, reader, protected, state, layouts or {})
@@ -570,7 +570,7 @@ class PfsStore:
         step's master file, the way HDF5 tools open it, is missing or does not match its checksum."""
         path = os.path.join(step_dir, MASTER)
         try:
-            files.regular_file(path)
+            pfs_check.regular_file(path)
             ok = files.file_digest(path) == index.master_checksum
         except (HpcCkptError, OSError):
             ok = False
@@ -781,7 +781,7 @@ class PfsStore:
         """Collective: re-check every checksum of ``step`` (each rank a share; rank 0 also checks
         the master file); CorruptCheckpointError on every rank on damage."""
         index = self._load(step)
-        reader = files.BlockReader(self.step_dir(index.step), index, self.chunk)
+        reader = pfs_check.BlockReader(self.step_dir(index.step), index, self.chunk)
         try:
             with Collective(self.comm, f"verifying pfs step {step}"):
                 k = 0
@@ -791,7 +791,7 @@ class PfsStore:
                             reader.verify(i, q)
                         k += 1
                 if self.rank == 0:
-                    files.check_master(self.step_dir(index.step), index)
+                    pfs_check.check_master(self.step_dir(index.step), index)
         finally:
             reader.close()
 
