@@ -65,7 +65,7 @@ def verify_pfs(item):
     """[problem, ...] of one pfs step (empty when intact): its index, master file and every block."""
     if item.error:
         return [item.error if item.error.startswith(item.path) else f"{item.path}: {item.error}"]
-    from .levels import pfs_files, pfs_index
+    from .levels import pfs_check, pfs_index
     unreadable = []
     for name in [pfs_index.MASTER] + sorted(item.index.files):
         path = os.path.join(item.path, name)
@@ -78,7 +78,7 @@ def verify_pfs(item):
         except OSError as e:
             unreadable.append((path, f"{path}: cannot be read ({why(e)})"))
     try:
-        _, problems = pfs_files.verify_step(item.path, max_bytes=index_cap())
+        _, problems = pfs_check.verify_step(item.path, max_bytes=index_cap())
     except HpcCkptError as e:
         problems = [str(e)]
     except OSError as e:

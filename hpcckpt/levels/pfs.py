@@ -37,7 +37,7 @@ from ..comm import Collective
 from ..watchdog import watch
 from ..errors import CheckpointWriteError, HpcCkptError
 from . import hdf5_layout as lay
-from . import pfs_files as files
+from . import pfs_check
 from .pfs_index import MARKER, SPARE, TRASH, listing as _listing, max_index_bytes, read_index
 from .pfs_restore import PfsRestore
 from .pfs_save import PfsSave
@@ -171,7 +171,7 @@ class PfsStore(PfsSave, PfsRestore):
                 doc = None
                 e = index.entry(st.STATE_ENTRY)
                 if with_document and e is not None and e.blocks[0] is not None:
-                    reader = files.BlockReader(self.step_dir(index.step), index, self.chunk)
+                    reader = pfs_check.BlockReader(self.step_dir(index.step), index, self.chunk)
                     try:
                         data = reader.read_verified(index.arrays.index(e), 0)
                     finally:

@@ -18,7 +18,7 @@ from .. import manifest as mf, state as st, storage
 from ..comm import Collective
 from ..errors import CorruptCheckpointError, HpcCkptError, IncompatibleCheckpointError, MismatchError, ProtectError
 from . import hdf5_layout as lay
-from . import pfs_files as files
+from . import pfs_check, pfs_files as files
 from .pfs_index import GLOBAL_LAYOUTS, MASTER, SHARED_LAYOUTS
 
 log = logging.getLogger("hpcckpt")
@@ -35,7 +35,7 @@ class PfsRestore:
         succeeded is anything filled."""
         index, doc0 = self._load(step, with_document=True)
         step_dir = self.step_dir(index.step)
-        reader = files.BlockReader(step_dir, index, self.chunk)
+        reader = pfs_check.BlockReader(step_dir, index, self.chunk)
         try:
             with Collective(self.comm, f"restoring pfs step {step}: checking the arrays and state"):
                 targets, plan = self._plan(index, doc0, reader, protected, state, layouts or {})
@@ -59,7 +59,7 @@ class PfsRestore:
         step's master file, the way HDF5 tools open it, is missing or does not match its checksum."""
         path = os.path.join(step_dir, MASTER)
         try:
-            files.regular_file(path)
+            pfs_check.regular_file(path)
             ok = files.file_digest(path) == index.master_checksum
         except (HpcCkptError, OSError):
             ok = False
@@ -270,7 +270,7 @@ class PfsRestore:
         """Collective: re-check every checksum of ``step`` (each rank a share; rank 0 also checks
         the master file); CorruptCheckpointError on every rank on damage."""
         index = self._load(step)
-        reader = files.BlockReader(self.step_dir(index.step), index, self.chunk)
+        reader = pfs_check.BlockReader(self.step_dir(index.step), index, self.chunk)
         try:
             with Collective(self.comm, f"verifying pfs step {step}"):
                 k = 0
@@ -280,6 +280,6 @@ class PfsRestore:
                             reader.verify(i, q)
                         k += 1
                 if self.rank == 0:
-                    files.check_master(self.step_dir(index.step), index)
+                    pfs_check.check_master(self.step_dir(index.step), index)
         finally:
             reader.close()

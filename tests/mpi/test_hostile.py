@@ -341,7 +341,7 @@ def test_a_flipped_byte_in_a_node_files_hdf5_metadata_is_damage_never_intact(pfs
     attributes; every 37th byte of it, one at a time) was read as intact by verify, gave wrong
     attributes to h5py, or crashed libhdf5 (restart and verify: SIGSEGV). Now every flip is a
     damaged step before HDF5 opens the file, and the restart falls back to step 1."""
-    from hpcckpt.levels import pfs_files
+    from hpcckpt.levels import pfs_check
     root, step, _ = pfs_env
     path = os.path.join(step, "node_000000.h5")
     offsets = _node_metadata_offsets(path)
@@ -354,7 +354,7 @@ def test_a_flipped_byte_in_a_node_files_hdf5_metadata_is_damage_never_intact(pfs
             f.seek(at)
             f.write(bytes([byte[0] ^ 0x5A]))
             f.flush()
-            problems = pfs_files.verify_step(step)[1]
+            problems = pfs_check.verify_step(step)[1]
             if len(problems) != 1:          # said once, not once per array of the node file
                 missed.append((int(at), len(problems)))
             f.seek(at)

@@ -1,5 +1,5 @@
-"""hpcckpt.online.decide (pure): who takes which lost rank number, and when recovery must stop."""
-from hpcckpt.online import decide
+"""hpcckpt.online_decision.decide (pure): who takes which lost rank number, and when recovery must stop."""
+from hpcckpt.online_decision import decide
 
 
 def test_one_lost_rank_goes_to_the_first_spare():

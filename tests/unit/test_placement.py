@@ -52,7 +52,7 @@ def test_interleaved_order_alternates_nodes():
 
 
 # ---------------------------------------------------------------- rebuild plans (failure path)
-from hpcckpt.levels import encoded, partner  # noqa: E402
+from hpcckpt.levels import encoded_layout, partner  # noqa: E402
 
 
 def test_partner_rebuild_plan_serves_each_lost_rank_from_a_verified_copy():
@@ -94,7 +94,7 @@ def test_encoded_rebuild_plan_covers_up_to_parity_losses_per_group(parity):
     for n in range(0, 4):
         for lost in itertools.combinations(range(8), n):
             data_ok = [r not in lost for r in range(8)]
-            plan = encoded.rebuild_plan(_lose(views, lost), data_ok)
+            plan = encoded_layout.rebuild_plan(_lose(views, lost), data_ok)
             if n <= parity:
                 assert plan is not None, (parity, lost)
                 assert [g["losses"] for g in plan] == [bool(lost)]
@@ -106,9 +106,9 @@ def test_encoded_rebuild_plan_counts_damaged_parity_as_lost():
     node_of = list(range(4))
     views = _views(node_of, 4, 1, lost_parity={2})   # rank 2's data fine, its parity piece damaged
     data_ok = [True, False, True, True]
-    assert encoded.rebuild_plan(_lose(views, {1}), data_ok) is None     # two symbols of one stripe gone
+    assert encoded_layout.rebuild_plan(_lose(views, {1}), data_ok) is None     # two symbols of one stripe gone
     views = _views(node_of, 4, 2, lost_parity={2})
-    assert encoded.rebuild_plan(_lose(views, {1}), data_ok) is not None
+    assert encoded_layout.rebuild_plan(_lose(views, {1}), data_ok) is not None
 
 
 def test_encoded_rebuild_plan_groups_are_independent():
@@ -116,20 +116,20 @@ def test_encoded_rebuild_plan_groups_are_independent():
     views = _views(node_of, 4, 1)
     groups = encoding_groups(node_of, 4)
     lost = {groups[0][0], groups[1][1]}               # one loss in each group: both recoverable
-    plan = encoded.rebuild_plan(_lose(views, lost), [r not in lost for r in range(8)])
+    plan = encoded_layout.rebuild_plan(_lose(views, lost), [r not in lost for r in range(8)])
     assert plan is not None and sorted(g["losses"] for g in plan) == [True, True]
     lost = {groups[0][0], groups[0][1]}               # two losses in one xor group
-    assert encoded.rebuild_plan(_lose(views, lost), [r not in lost for r in range(8)]) is None
+    assert encoded_layout.rebuild_plan(_lose(views, lost), [r not in lost for r in range(8)]) is None
 
 
 def test_encoded_rebuild_plan_refuses_unknown_or_inconsistent_groups():
     views = [(None, False)] * 4                       # nobody has encoded.json
-    assert encoded.rebuild_plan(views, [False, True, True, True]) is None
-    assert encoded.rebuild_plan(views, [True] * 4) == []
+    assert encoded_layout.rebuild_plan(views, [False, True, True, True]) is None
+    assert encoded_layout.rebuild_plan(views, [True] * 4) == []
     good = _views(list(range(4)), 4, 1)
     bad = list(good)
     bad[3] = ({**good[3][0], "group": [2, 3]}, True)  # rank 3 claims another group
-    assert encoded.rebuild_plan(bad, [False, True, True, True]) is None
+    assert encoded_layout.rebuild_plan(bad, [False, True, True, True]) is None
 
 
 class _Comm:

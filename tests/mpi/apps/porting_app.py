@@ -37,6 +37,10 @@ p.add_argument("--counts", default="", help="rows mode: the rows of each rank, c
 p.add_argument("--config-json", default="{}")
 a = p.parse_args()
 comm, rank = MPI.COMM_WORLD, MPI.COMM_WORLD.rank
+if a.mode.startswith("close-"):
+    # each rank's stderr in a file of its own (ROOT/stderr.rank<R>): MPICH's mpiexec can drop the
+    # output of a job that MPI_Abort ends, and these modes check what the aborting rank printed
+    os.dup2(os.open(os.path.join(a.root, f"stderr.rank{rank}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
 
 
 def say(line):
