@@ -49,7 +49,7 @@ class IncrementalParity:
             changed = np.concatenate([changed, np.arange(block_count(new_size, seg), block_count(old_size, seg))])
         mine = [piece_segments(changed, cfg.incremental_block, extent, q, piece, seg) for q in range(kd)]
         segs = gcomm.allgather(mine)        # per member, per data piece: its changed segments
-        # the data of both steps from the mappings their writes left open (storage.Mappings), else
+        # the data of both steps from the mappings their writes left open (data_file.Mappings), else
         # read with pread into buffers, not through new maps: only a tenth of each file is read,
         # and faulting in its pages one by one costs more than the copy
         ro = os.O_RDONLY | os.O_NOFOLLOW

@@ -17,7 +17,6 @@ dtype of key --differ changed on the ranks but 0 (none: ''); prints "CHECKPOINTE
 import argparse
 import json
 import os
-import sys
 
 import numpy as np
 from mpi4py import MPI
