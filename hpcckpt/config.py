@@ -105,6 +105,11 @@ class Config:
         spares through the page cache measured faster)."""
         return self.pfs_direct_io is True or (self.pfs_direct_io == "auto" and not self.reuse_files)
 
+    def level_options(self, name):
+        """Local: {key: value} of the settings level ``name`` declares (levels/options.py)."""
+        from .levels.registry import level_class
+        return {key: getattr(self, s.flat) if s.flat else s.default for key, s in level_class(name).settings.items()}
+
     def as_dict(self):
         """The fields as a plain dict."""
         return dataclasses.asdict(self)

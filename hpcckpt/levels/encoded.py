@@ -22,19 +22,23 @@ from ..errors import HpcCkptError
 from ..topology import encoding_groups
 from .combine import Buffers, gather_combine, map_range
 from ..comm import Deferred
-from .base import RedundancyLevel
+from .base import Level
+from .registry import register
 from .delta import Chain, parity_entries
 from .encoded_delta import IncrementalParity
 from .encoded_layout import FORMAT, check_info, code_matrix, rebuild_plan, stripe_symbol_owner
 
 
-class EncodedLevel(IncrementalParity, RedundancyLevel):
-    """The xor (parity=1) or rs (parity=rs_parity) level for this rank's group."""
+class EncodedLevel(IncrementalParity, Level):
+    """Parity across this rank's group of nodes: XorLevel (one parity) and RsLevel (m)."""
+    redundant = True
 
-    def __init__(self, cache, comm, topology, name, parity):
-        self.cache, self.comm, self.name = cache, comm, name
-        self.parity = parity
-        self.groups = encoding_groups(topology.node_of, cache.cfg.group_size)
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        cache = self.cache = ctx.cache
+        self.comm = comm = ctx.comm
+        self.parity = self.parities(ctx)
+        self.groups = encoding_groups(ctx.topology.node_of, cache.cfg.group_size)
         self.group = next(g for g in self.groups if comm.rank in g)
         self._gcomm = None
         self._buffers = Buffers()
@@ -44,6 +48,20 @@ class EncodedLevel(IncrementalParity, RedundancyLevel):
     def pinned_steps(self):
         """Local: the base step of the next incremental checkpoint (kept by retire)."""
         return self.chain.pinned() if self.chain is not None else ()
+
+    def parities(self, ctx):
+        """Local: the number of parity blocks per stripe this level computes."""
+        raise NotImplementedError
+
+    def background(self):
+        return bool(self.ctx.config.background)
+
+    def protect(self, manifest, pending=None):
+        """Collective: this group's parity of the committed step (encode)."""
+        return self.encode(manifest.step, manifest)
+
+    def comms(self):
+        return () if self._gcomm is None else (self._gcomm,)
 
     def _paths(self, step):
         held = self.cache.held_dir(step)
@@ -337,3 +355,21 @@ def _parse_member(doc, rank, step, ckpt_id):
     if m.rank != rank or m.step != step or m.ckpt_id != ckpt_id:
         raise ValueError(f"group copy describes rank {m.rank} step {m.step}, not rank {rank} step {step}")
     return m
+
+
+@register
+class XorLevel(EncodedLevel):
+    """One XOR parity per group: survives one lost node per group."""
+    name, order = "xor", 30
+
+    def parities(self, ctx):
+        return 1
+
+
+@register
+class RsLevel(EncodedLevel):
+    """Reed-Solomon parity (``rs_parity`` blocks per group): survives that many lost nodes per group."""
+    name, order = "rs", 40
+
+    def parities(self, ctx):
+        return int(ctx.config.rs_parity)

@@ -14,9 +14,10 @@ import uuid
 
 import numpy as np
 
-from .. import data_file, faults, manifest as mf, storage
+from .. import data_file, faults, manifest as mf, state as st, storage
 from ..config import expand_cache_dir
-from .registry import REDUNDANT
+from .base import Level
+from .registry import level_class, register
 from ..errors import CheckpointWriteError, CorruptCheckpointError, IncompatibleCheckpointError
 
 log = logging.getLogger("hpcckpt")
@@ -186,7 +187,7 @@ class LocalCache:
         self.block_digests = None
         arrays = [(n, a) for n, a, _ in items]
         digester = None
-        if self.cfg.incremental and level in REDUNDANT:   # digested as the arrays are copied
+        if self.cfg.incremental and level_class(level).redundant:   # digested as the arrays are copied
             from .delta import BlockDigester
             digester = BlockDigester(arrays, self.cfg.incremental_block)
 
@@ -359,6 +360,23 @@ class LocalCache:
             out.append((a.name, view, a.global_shape, a.global_offset))
         return out
 
+    def read_document(self, manifest):
+        """Local: the state document of a committed step (verified, parsed), or None without one."""
+        entry = manifest.array(st.STATE_ENTRY)
+        if entry is None:
+            return None
+        buf = np.empty(entry.shape, np.dtype(entry.dtype))
+        self.read_into(manifest, [(st.STATE_ENTRY, buf)])
+        return st.parse_document(buf.tobytes(), self.data_path(manifest.step))
+
+    def state_keys(self, manifest):
+        """Local: {state key: layout kind} of a committed step's state dict ({} without one)."""
+        doc = self.read_document(manifest)
+        if doc is None:
+            return {}
+        layouts = doc.get("layouts", {})
+        return {k: layouts.get(k, {}).get("kind", "rank") for k in doc["items"]}
+
     def _read_buffer(self):
         if self._buffer is None:
             self._buffer = np.empty(min(self.cfg.io_chunk, data_file.HASH_PIECE), np.uint8)
@@ -420,3 +438,10 @@ class LocalCache:
                 storage.remove_file(os.path.join(self.step_dir(step), name))
         if not keep_dir:
             storage.remove_dir_if_empty(self.step_dir(step))
+
+
+@register
+class LocalLevel(Level):
+    """The node cache alone: every step is written and committed there by the save protocol,
+    so this level protects nothing more and survives a process crash, not the loss of its node."""
+    name, order = "local", 10

@@ -21,17 +21,22 @@ from .. import faults, manifest as mf, storage
 from ..errors import CorruptCheckpointError, HpcCkptError
 from ..topology import partner_holders
 from ..comm import Deferred
-from .base import RedundancyLevel
+from .base import Level
+from .registry import register
 from .delta import Chain, apply_blocks, check_delta_info, delta_bytes, delta_info, stream_reader
 from .transfer import exchange_files
 
 
-class PartnerLevel(RedundancyLevel):
-    name = "partner"
+@register
+class PartnerLevel(Level):
+    """A copy of each rank's committed step in the cache of a rank on another node."""
+    name, order, redundant = "partner", 20, True
 
-    def __init__(self, cache, comm, topology):
-        self.cache, self.comm = cache, comm
-        self.holders = partner_holders(topology.node_of)
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        cache = self.cache = ctx.cache
+        self.comm = ctx.comm
+        self.holders = partner_holders(ctx.topology.node_of)
         self.chain = Chain(cache) if cache.cfg.incremental else None
         self.sent = 0            # bytes this rank sent in its last encode (benchmarks)
 
@@ -46,6 +51,13 @@ class PartnerLevel(RedundancyLevel):
     def _delta_paths(self, step, src):
         held = self.cache.held_dir(step)
         return os.path.join(held, f"partner_{src:06d}.delta"), os.path.join(held, f"partner_{src:06d}.delta.json")
+
+    def background(self):
+        return bool(self.ctx.config.background)
+
+    def protect(self, manifest, pending=None):
+        """Collective: this rank's copy to its holder, the copies it holds for others (encode)."""
+        return self.encode(manifest.step, manifest)
 
     def encode(self, step, manifest):
         """Collective: send this rank's data to its holder; keep the copies sent to this rank.

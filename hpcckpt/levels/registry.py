@@ -1,52 +1,125 @@
-"""The checkpoint levels by name: the one place that maps a level name to what it is (local, pure).
+"""The registered checkpoint levels (local, pure): ``register`` (a class decorator), ``level_class``
+and ``LEVELS``, the live sequence of their names, cheapest first (by ``Level.order``).
 
-Every level is a local checkpoint first (the node cache, levels/local.py). A *redundant* level
-then adds copies or parity in other nodes' caches (a ``levels.base.RedundancyLevel``: collective
-``encode`` and ``recover``, made by its spec's ``factory``); a *flushing* level then
-writes the committed cache step to the parallel file system (levels/pfs.py). Adding a level
-means adding its entry here and its module.
+Each level's module registers its class itself. The built-in level modules are imported on the
+first question; more come from the modules named in ``HPCCKPT_LEVEL_MODULES`` (comma-separated,
+imported on every rank and by the command line) and from the ``hpcckpt.levels`` entry points of
+installed packages. Every rank must register the same levels (the settings digest includes them).
 """
-import dataclasses
+import collections.abc
+import importlib
+import os
+import threading
 
-LEVELS = ("local", "partner", "xor", "rs", "pfs")       # cheapest first
+from ..errors import ConfigError
 
+BUILTIN_MODULES = ("hpcckpt.levels.local", "hpcckpt.levels.partner", "hpcckpt.levels.encoded",
+                   "hpcckpt.levels.pfs_level")
+MODULES_ENV = "HPCCKPT_LEVEL_MODULES"
+ENTRY_POINTS = "hpcckpt.levels"
 
-def _partner(cache, comm, topology, cfg):
-    from .partner import PartnerLevel
-    return PartnerLevel(cache, comm, topology)
-
-
-def _xor(cache, comm, topology, cfg):
-    from .encoded import EncodedLevel
-    return EncodedLevel(cache, comm, topology, "xor", 1)
-
-
-def _rs(cache, comm, topology, cfg):
-    from .encoded import EncodedLevel
-    return EncodedLevel(cache, comm, topology, "rs", cfg.rs_parity)
+_classes = {}
+_loaded = False
+_loading = threading.RLock()
 
 
-@dataclasses.dataclass(frozen=True)
-class LevelSpec:
-    name: str
-    factory: object = None       # (cache, comm, topology, cfg) -> RedundancyLevel, for a redundant level
-    flush: bool = False          # the committed step goes on to the pfs level
+def register(cls):
+    """Class decorator: register a ``levels.base.Level`` subclass under ``cls.name``."""
+    from .base import Level
+    if not (isinstance(cls, type) and issubclass(cls, Level)):
+        raise TypeError(f"register: {cls!r} is not a subclass of hpcckpt.levels.base.Level")
+    name = cls.name
+    if not isinstance(name, str) or not name.isidentifier() or name != name.lower():
+        raise ValueError(f"register: level name {name!r} must be a lower-case identifier")
+    if not isinstance(cls.order, (int, float)) or isinstance(cls.order, bool):
+        raise ValueError(f"register: level {name!r} needs a numeric order (cheapest first)")
+    old = _classes.get(name)
+    if old is not None and old is not cls and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(f"register: a level named {name!r} is registered already ({old.__module__}.{old.__qualname__})")
+    clash = [c.name for c in _classes.values() if c.order == cls.order and c.name != name]
+    if clash:
+        raise ValueError(f"register: level {name!r} has the order {cls.order} of level {clash[0]!r}")
+    if cls.redundant and cls.restores:
+        raise ValueError(f"register: level {name!r} cannot be both redundant and restoring")
+    _classes[name] = cls
+    return cls
 
-    @property
-    def redundant(self):
-        """Partner copies / parity across nodes (a ``levels.base.RedundancyLevel``)."""
-        return self.factory is not None
 
-    def make(self, cache, comm, topology, cfg):
-        """Collective: the redundancy object of a redundant level (its module is imported here, so
-        that Numba loads only in jobs that use xor or rs)."""
-        if self.factory is None:
-            raise ValueError(f"the {self.name} level has no redundancy object")
-        return self.factory(cache, comm, topology, cfg)
+def _load():
+    global _loaded
+    if _loaded:
+        return
+    with _loading:
+        if _loaded:
+            return
+        _loaded = True
+        for module in BUILTIN_MODULES:
+            importlib.import_module(module)
+        for module in filter(None, (m.strip() for m in os.environ.get(MODULES_ENV, "").split(","))):
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                raise ConfigError(f"{MODULES_ENV}: cannot import level module {module!r}: {e}") from e
+        try:
+            from importlib.metadata import entry_points
+            found = entry_points(group=ENTRY_POINTS)
+        except Exception:  # noqa: BLE001 - broken package metadata: no plug-in levels
+            found = ()
+        for ep in found:
+            ep.load()
 
 
-SPECS = {spec.name: spec for spec in (
-    LevelSpec("local"), LevelSpec("partner", _partner), LevelSpec("xor", _xor), LevelSpec("rs", _rs),
-    LevelSpec("pfs", flush=True))}
-assert tuple(SPECS) == LEVELS
-REDUNDANT = tuple(n for n, s in SPECS.items() if s.redundant)
+def classes():
+    """{name: Level subclass}, cheapest first."""
+    _load()
+    return dict(sorted(_classes.items(), key=lambda kv: kv[1].order))
+
+
+def level_class(name):
+    """The registered Level subclass called ``name``; ConfigError when there is none."""
+    _load()
+    cls = _classes.get(name)
+    if cls is None:
+        raise ConfigError(f"unknown level {name!r}; levels are {', '.join(LEVELS)}")
+    return cls
+
+
+def redundant():
+    """Names of the redundant levels (copies or parity in other nodes' caches), cheapest first."""
+    return tuple(n for n, c in classes().items() if c.redundant)
+
+
+def restoring():
+    """Names of the levels that keep a copy of their own and restore from it, cheapest first."""
+    return tuple(n for n, c in classes().items() if c.restores)
+
+
+class _Names(collections.abc.Sequence):
+    """The registered level names, cheapest first, as a live tuple-like sequence."""
+
+    def _names(self):
+        return tuple(classes())
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self):
+        return len(self._names())
+
+    def __contains__(self, name):
+        return name in self._names()
+
+    def index(self, name, *args):
+        return self._names().index(name, *args)
+
+    def __eq__(self, other):
+        return tuple(self) == tuple(other)
+
+    def __hash__(self):
+        return hash(self._names())
+
+    def __repr__(self):
+        return repr(self._names())
+
+
+LEVELS = _Names()
