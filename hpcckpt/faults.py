@@ -21,11 +21,22 @@ original rank is RANK, as it starts waiting).
 ``_HPCCKPT_FAULT_ONCE=FILE`` makes the fault fire once: the first process that matches creates
 FILE (exclusively) and fires; the others, and later matches (a spare that took the rank's
 number and runs the step again), find FILE and go on.
+
+``_HPCCKPT_LEVEL_FAULT="LEVEL:PHASE:RANK[:STEP[:ACTION]]"`` — faults through the Level interface
+(as PyTorch DCP's ``FaultyStorageWriter``): ``wrap_level`` (called by ``Context.level`` on every
+Level object it makes) returns, for level LEVEL (or ``*``: any) on RANK (or ``*``), a proxy that
+fires ACTION (as above; default ``error``) before the wrapped level's method PHASE runs, at STEP
+(or ``*``; a call without a step, as ``offers``, matches any). PHASE is a method of the interface
+(``PHASES``: prepare, protect, retire, discard, clear_earlier, offers, recover, restore,
+pinned_steps, close, abandon); the proxy hands every call and attribute to the wrapped level.
+``_HPCCKPT_FAULT_ONCE`` applies to it as well.
 """
 import errno
 import os
 import signal
 import time
+
+from .levels.base import Level
 
 _SPEC = os.environ.get("_HPCCKPT_FAULT", "")
 
@@ -47,6 +58,11 @@ def hit(phase, rank, step=None):
     p, r, s, action = _PARSED
     if p != phase or (r != "*" and int(r) != rank) or (s != "*" and step is not None and int(s) != step):
         return
+    _fire(phase, action)
+
+
+def _fire(phase, action):
+    """Local: do ``action`` at ``phase`` (once only with ``_HPCCKPT_FAULT_ONCE``)."""
     once = os.environ.get("_HPCCKPT_FAULT_ONCE")
     if once:
         try:
@@ -84,6 +100,83 @@ def active():
     return _PARSED is not None
 
 
+# ---------------------------------------------------------------------- faults through the Level interface
+LEVEL_ENV = "_HPCCKPT_LEVEL_FAULT"
+# the phases: methods of levels/base.Level, each with where its step is (argument 0, a manifest's, or none)
+PHASES = {"prepare": "arg", "protect": "manifest", "retire": "manifest", "discard": None, "clear_earlier": None,
+          "offers": None, "recover": "arg", "restore": "arg", "pinned_steps": None, "close": None, "abandon": None}
+_PASSED = ("name", "order", "redundant", "restores", "any_rank_count", "settings", "files")
+
+
+def _parse_level(spec):
+    """(level, phase, rank, step, action) of a ``_HPCCKPT_LEVEL_FAULT`` value; ValueError if malformed."""
+    parts = spec.split(":")
+    if not 3 <= len(parts) <= 5 or parts[1] not in PHASES:
+        raise ValueError(f"{LEVEL_ENV}={spec!r}: expected LEVEL:PHASE:RANK[:STEP[:ACTION]], PHASE one of "
+                         f"{', '.join(PHASES)}")
+    level, phase, rank, step, action = parts + [""] * (5 - len(parts))
+    return level, phase, rank, step or "*", action or "error"
+
+
 def wrap_level(level, rank):
-    """Test-only: the Level object itself (the level-fault wrapper is not written yet)."""
-    return level
+    """Local, test-only: ``level`` itself, or the FaultyLevel proxy around it that
+    ``_HPCCKPT_LEVEL_FAULT`` names for this level and ``rank``."""
+    spec = os.environ.get(LEVEL_ENV, "")
+    if not spec:
+        return level
+    name, phase, r, step, action = _parse_level(spec)
+    if name not in ("*", level.name) or (r != "*" and int(r) != rank):
+        return level
+    return FaultyLevel(level, phase, None if step == "*" else int(step), action)
+
+
+class FaultyLevel(Level):
+    """A Level that hands every call to the wrapped one, firing a fault before one phase."""
+
+    def __init__(self, level, phase, step, action):
+        object.__setattr__(self, "_level", level)
+        object.__setattr__(self, "_fault", (phase, step, action))
+
+    def __getattr__(self, attr):        # what the interface does not name (ctx, sent, store, ...)
+        if attr in ("_level", "_fault"):
+            raise AttributeError(attr)
+        return getattr(self._level, attr)
+
+    def __setattr__(self, attr, value):
+        setattr(self._level, attr, value)
+
+    def background(self):
+        return self._level.background()
+
+    def prepares(self):
+        return self._level.prepares()
+
+    def comms(self):
+        return self._level.comms()
+
+    def placement_warnings(self, node_of, options, config):
+        return self._level.placement_warnings(node_of, options, config)
+
+    def __repr__(self):
+        return f"FaultyLevel({self._level!r}, {':'.join(map(str, self._fault))})"
+
+
+def _phase(method):
+    where = PHASES[method]
+
+    def call(self, *args, **kwargs):
+        phase, at, action = self._fault
+        if method == phase:
+            first = args[0] if args else next(iter(kwargs.values()), None)
+            step = None if where is None or first is None else first.step if where == "manifest" else first
+            if at is None or step is None or step == at:
+                _fire(f"{self.name}.{method}", action)
+        return getattr(self._level, method)(*args, **kwargs)
+    call.__name__ = call.__qualname__ = method
+    return call
+
+
+for _attr in _PASSED:
+    setattr(FaultyLevel, _attr, property(lambda self, a=_attr: getattr(self._level, a)))
+for _method in PHASES:
+    setattr(FaultyLevel, _method, _phase(_method))
