@@ -25,10 +25,14 @@ number and runs the step again), find FILE and go on.
 ``_HPCCKPT_LEVEL_FAULT="LEVEL:PHASE:RANK[:STEP[:ACTION]]"`` — faults through the Level interface
 (as PyTorch DCP's ``FaultyStorageWriter``): ``wrap_level`` (called by ``Context.level`` on every
 Level object it makes) returns, for level LEVEL (or ``*``: any) on RANK (or ``*``), a proxy that
-fires ACTION (as above; default ``error``) before the wrapped level's method PHASE runs, at STEP
-(or ``*``; a call without a step, as ``offers``, matches any). PHASE is a method of the interface
-(``PHASES``: prepare, protect, retire, discard, clear_earlier, offers, recover, restore,
-pinned_steps, close, abandon); the proxy hands every call and attribute to the wrapped level.
+hands every call and attribute to the wrapped level and fires ACTION (as above; default
+``error``) at its method PHASE, at STEP (or ``*``; a call without a step, as ``offers``, matches
+any). PHASE is a method of the interface (``PHASES``): the local ones (offers, discard,
+pinned_steps, abandon) fire before the method runs; the collective ones (prepare, protect,
+retire, clear_earlier, recover, restore, close) fire ``kill``, ``sigint`` and ``sleep`` before it,
+and ``error``, ``interrupt`` and ``exit`` once it has returned on this rank: the way a level that
+keeps the interface's rule fails (a rank takes part in every message of an exchange and raises
+after it, levels/base.py); raised before, the other ranks would wait for this one's messages.
 ``_HPCCKPT_FAULT_ONCE`` applies to it as well.
 """
 import errno
@@ -102,9 +106,12 @@ def active():
 
 # ---------------------------------------------------------------------- faults through the Level interface
 LEVEL_ENV = "_HPCCKPT_LEVEL_FAULT"
-# the phases: methods of levels/base.Level, each with where its step is (argument 0, a manifest's, or none)
-PHASES = {"prepare": "arg", "protect": "manifest", "retire": "manifest", "discard": None, "clear_earlier": None,
-          "offers": None, "recover": "arg", "restore": "arg", "pinned_steps": None, "close": None, "abandon": None}
+# the phases: methods of levels/base.Level: (where the call's step is: argument 0, its manifest's, or none;
+# whether the method is collective)
+PHASES = {"prepare": ("arg", True), "protect": ("manifest", True), "retire": ("manifest", True),
+          "clear_earlier": (None, True), "recover": ("arg", True), "restore": ("arg", True), "close": (None, True),
+          "offers": (None, False), "discard": (None, False), "pinned_steps": (None, False), "abandon": (None, False)}
+RAISING = ("error", "interrupt", "exit")    # fired after a collective phase has run on this rank
 _PASSED = ("name", "order", "redundant", "restores", "any_rank_count", "settings", "files")
 
 
@@ -162,16 +169,22 @@ class FaultyLevel(Level):
 
 
 def _phase(method):
-    where = PHASES[method]
+    where, collective = PHASES[method]
 
     def call(self, *args, **kwargs):
         phase, at, action = self._fault
+        fire = False
         if method == phase:
             first = args[0] if args else next(iter(kwargs.values()), None)
             step = None if where is None or first is None else first.step if where == "manifest" else first
-            if at is None or step is None or step == at:
-                _fire(f"{self.name}.{method}", action)
-        return getattr(self._level, method)(*args, **kwargs)
+            fire = at is None or step is None or step == at
+        after = fire and collective and action in RAISING
+        if fire and not after:
+            _fire(f"{self.name}.{method}", action)
+        out = getattr(self._level, method)(*args, **kwargs)
+        if after:
+            _fire(f"{self.name}.{method}", action)
+        return out
     call.__name__ = call.__qualname__ = method
     return call
 

@@ -38,6 +38,12 @@ class Fake(Level):
     def retire(self, manifest, clear_others=False):
         self.calls.append(("retire", manifest.step, clear_others))
 
+    def discard(self, pending):
+        self.calls.append(("discard",))
+
+    def clear_earlier(self, epoch):
+        self.calls.append(("clear_earlier",))
+
     def offers(self, skipped=None):
         self.calls.append(("offers",))
         return {4: (1, "id")}
@@ -100,7 +106,7 @@ def test_the_proxy_is_a_level_that_passes_everything_through(monkeypatch):
     assert level.sent == 7
     with pytest.raises(OSError):
         w.close()
-    assert level.calls[-1] == ("restore", 4)     # the fault fires before the phase runs
+    assert level.calls[-1] == ("close",)         # a collective phase: the error comes once it has run
 
 
 @pytest.mark.parametrize("phase,call", [
@@ -114,12 +120,18 @@ def test_the_proxy_is_a_level_that_passes_everything_through(monkeypatch):
     ("discard", lambda w: w.discard(None)),
     ("clear_earlier", lambda w: w.clear_earlier(2)),
 ])
-def test_each_phase_fails_with_enospc_before_the_level_runs(monkeypatch, phase, call):
+def test_each_phase_fails_with_enospc(monkeypatch, phase, call):
+    """A local phase fails before the level runs; a collective one after it ran on this rank
+    (as a level keeping the interface's rule fails: in every round of its exchange, then raising)."""
     level, w = wrap(monkeypatch, f"*:{phase}:1")
     with pytest.raises(OSError) as e:
         call(w)
     assert e.value.errno == errno.ENOSPC and e.value.filename == f"fake.{phase}"
-    assert level.calls == []
+    ran = [c[0] for c in level.calls]
+    local = phase in ("offers", "discard")
+    assert faults.PHASES[phase][1] == (not local)
+    assert ran == ([] if local else [phase])
+    level.calls.clear()
     other = [p for p in ("protect", "retire", "offers", "close") if p != phase][0]
     {"protect": lambda: w.protect(manifest(9)), "retire": lambda: w.retire(manifest(9)),
      "offers": w.offers, "close": w.close}[other]()       # the other phases run untouched
@@ -131,7 +143,9 @@ def test_the_step_selects_the_call(monkeypatch):
     assert w.protect(manifest(4)) == "committed"
     with pytest.raises(OSError):
         w.protect(manifest=manifest(9))
-    assert level.calls == [("protect", 4, None)]
+    assert level.calls == [("protect", 4, None), ("protect", 9, None)]
+    level, w = wrap(monkeypatch, "fake:recover:1:9:kill")      # kill: before the phase (not reached here)
+    w.recover(4, "id", [False])
     level, w = wrap(monkeypatch, "fake:recover:1:9")
     w.recover(4, "id", [False])
     with pytest.raises(OSError):
@@ -147,7 +161,11 @@ def test_actions(monkeypatch, action, raised):
     level, w = wrap(monkeypatch, f"fake:restore:1:*:{action}")
     with pytest.raises(raised):
         w.restore(9, [], {}, {})
-    assert level.calls == []
+    assert level.calls == [("restore", 9)]            # collective: raised once it ran here
+    level, w = wrap(monkeypatch, f"fake:offers:1:*:{action}")
+    with pytest.raises(raised):
+        w.offers()
+    assert level.calls == []                          # local: raised before
 
 
 def test_sleep_goes_on(monkeypatch):
