@@ -73,6 +73,21 @@ def render(d):
            "`RELIABILITY_RECORD=tests/tools/results` keeps the outcomes and `python tests/tools/gen_reliability.py`",
            "rewrites this file.", "",
            *selection_text(), ""]
+    out += ["## Faults through the Level interface", "",
+            "Beside the matrix, which injects faults at named points of the code, `faults.wrap_level` puts a",
+            "proxy around a level (`_HPCCKPT_LEVEL_FAULT=\"LEVEL:PHASE:RANK[:STEP[:ACTION]]\"`, faults.py) that",
+            "fails one phase of the interface on one rank: a local phase (`offers`) before it runs, a",
+            "collective one (`prepare`, `protect`, `retire`, `recover`, `restore`, ...) once it ran on that",
+            "rank, as a level that keeps the interface's rule fails (`kill` fires before either). The",
+            "conformance test (`tests/mpi/test_level_conformance.py`, `test_a_save_phase_fails_on_one_rank`,",
+            "`test_a_restart_phase_fails_on_one_rank`) takes every registered level through each phase it runs",
+            "(`protect` and `retire`; `prepare` where the level prepares under the test's configuration;",
+            "`recover` for a redundant level; `offers` and `restore` for a restoring one) with an ENOSPC on",
+            "one rank: every rank raises the same error naming the fault, or a restart falls back to an older",
+            "step; the relaunch, after the loss of that rank's node where the level survives one, restores a",
+            "step no older than the last one `checkpoint()` returned, bitwise. `tests/mpi/test_mirror_level.py`",
+            "defines a level in the test itself (a copy of each step in a directory of its own) and runs it",
+            "through the same tests, with no file of `hpcckpt/` knowing it.", ""]
     rows = load(d, "fault_matrix")
     out += ["## Fault-injection matrix", "",
             "Setup: `tests/mpi/apps/matrix_app.py` checkpoints every 5 steps (4, 9, 14, 19; keep = 2) and",
