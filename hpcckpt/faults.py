@@ -28,11 +28,13 @@ Level object it makes) returns, for level LEVEL (or ``*``: any) on RANK (or ``*`
 hands every call and attribute to the wrapped level and fires ACTION (as above; default
 ``error``) at its method PHASE, at STEP (or ``*``; a call without a step, as ``offers``, matches
 any). PHASE is a method of the interface (``PHASES``): the local ones (offers, discard,
-pinned_steps, abandon) fire before the method runs; the collective ones (prepare, protect,
-retire, clear_earlier, recover, restore, close) fire ``kill``, ``sigint`` and ``sleep`` before it,
+pinned_steps, abandon) fire before the method runs; the collective ones (ready, prepare,
+protect, retire, clear_earlier, recover, restore, close) fire ``kill``, ``sigint`` and ``sleep`` before it,
 and ``error``, ``interrupt`` and ``exit`` once it has returned on this rank: the way a level that
 keeps the interface's rule fails (a rank takes part in every message of an exchange and raises
 after it, levels/base.py); raised before, the other ranks would wait for this one's messages.
+The proxy has the phases the wrapped level's class defines and the faulted one: where the
+protocol skips a phase that a level leaves to the interface's no-op, it calls the faulted one.
 ``_HPCCKPT_FAULT_ONCE`` applies to it as well.
 """
 import errno
@@ -108,8 +110,9 @@ def active():
 LEVEL_ENV = "_HPCCKPT_LEVEL_FAULT"
 # the phases: methods of levels/base.Level: (where the call's step is: argument 0, its manifest's, or none;
 # whether the method is collective)
-PHASES = {"prepare": ("arg", True), "protect": ("manifest", True), "retire": ("manifest", True),
-          "clear_earlier": (None, True), "recover": ("arg", True), "restore": ("arg", True), "close": (None, True),
+PHASES = {"ready": (None, True), "prepare": ("arg", True), "protect": ("manifest", True),
+          "retire": ("manifest", True), "clear_earlier": (None, True), "recover": ("arg", True),
+          "restore": ("arg", True), "close": (None, True),
           "offers": (None, False), "discard": (None, False), "pinned_steps": (None, False), "abandon": (None, False)}
 RAISING = ("error", "interrupt", "exit")    # fired after a collective phase has run on this rank
 _PASSED = ("name", "order", "redundant", "restores", "any_rank_count", "settings", "files")
@@ -134,11 +137,13 @@ def wrap_level(level, rank):
     name, phase, r, step, action = _parse_level(spec)
     if name not in ("*", level.name) or (r != "*" and int(r) != rank):
         return level
-    return FaultyLevel(level, phase, None if step == "*" else int(step), action)
+    return _proxy_class(type(level), phase)(level, phase, None if step == "*" else int(step), action)
 
 
 class FaultyLevel(Level):
-    """A Level that hands every call to the wrapped one, firing a fault before one phase."""
+    """A Level that hands every call to the wrapped one, firing a fault at one phase. Made by
+    ``_proxy_class``: it has the phases the wrapped level's class has of its own, and the faulted
+    one (the protocol skips a phase that is the interface's no-op)."""
 
     def __init__(self, level, phase, step, action):
         object.__setattr__(self, "_level", level)
@@ -191,5 +196,14 @@ def _phase(method):
 
 for _attr in _PASSED:
     setattr(FaultyLevel, _attr, property(lambda self, a=_attr: getattr(self._level, a)))
-for _method in PHASES:
-    setattr(FaultyLevel, _method, _phase(_method))
+
+_classes = {}
+
+
+def _proxy_class(cls, phase):
+    """The FaultyLevel subclass for a level of class ``cls`` faulted at ``phase``."""
+    key = (cls, phase)
+    if key not in _classes:
+        own = [m for m in PHASES if m == phase or getattr(cls, m) is not getattr(Level, m)]
+        _classes[key] = type(f"Faulty{cls.__name__}", (FaultyLevel,), {m: _phase(m) for m in own})
+    return _classes[key]

@@ -186,3 +186,16 @@ def test_once(monkeypatch, tmp_path):
 def test_a_malformed_spec_is_a_clear_error(monkeypatch, spec):
     with pytest.raises(ValueError, match="LEVEL:PHASE:RANK"):
         wrap(monkeypatch, spec)
+
+
+def test_the_proxy_defines_the_phases_of_the_level_and_the_faulted_one(monkeypatch):
+    """The protocol skips a phase a level leaves to the interface (save._defines): so does the
+    proxy, except for the phase it is to fail."""
+    level, w = wrap(monkeypatch, "fake:ready:1")
+    assert type(w).pinned_steps is Level.pinned_steps and type(w).abandon is Level.abandon
+    assert type(w).protect is not Level.protect and type(w).ready is not Level.ready
+    assert w.pinned_steps() == () and w.abandon() is None
+    with pytest.raises(OSError):
+        w.ready()
+    level, w = wrap(monkeypatch, "fake:close:1")
+    assert type(w).ready is Level.ready
