@@ -282,11 +282,11 @@ def test_the_level_contract(fault, reference, crashed, tmp_path):
     conformance.test_level_contract("mirror", fault, reference, crashed, tmp_path)
 
 
-@pytest.mark.parametrize("phase", [p for p in conformance.phases("mirror") if p in conformance.SAVE_PHASES])
-def test_a_save_phase_fails_on_one_rank(phase, reference, tmp_path):
-    conformance.test_a_save_phase_fails_on_one_rank("mirror", phase, reference, tmp_path)
+@pytest.mark.parametrize("level,phase", conformance.fault_cases(["mirror"], conformance.SAVE_PHASES))
+def test_a_save_phase_fails_on_one_rank(level, phase, reference, tmp_path):
+    conformance.test_a_save_phase_fails_on_one_rank(level, phase, reference, tmp_path)
 
 
-@pytest.mark.parametrize("phase", [p for p in conformance.phases("mirror") if p in conformance.RESTART_PHASES])
-def test_a_restart_phase_fails_on_one_rank(phase, reference, crashed, tmp_path):
-    conformance.test_a_restart_phase_fails_on_one_rank("mirror", phase, reference, crashed, tmp_path)
+@pytest.mark.parametrize("level,phase", conformance.fault_cases(["mirror"], conformance.RESTART_PHASES))
+def test_a_restart_phase_fails_on_one_rank(level, phase, reference, crashed, tmp_path):
+    conformance.test_a_restart_phase_fails_on_one_rank(level, phase, reference, crashed, tmp_path)

@@ -10,7 +10,8 @@ restarted run ends bitwise equal to a failure-free run. Options:
   --no-restart                    do not call restart()
   --config-json JSON              extra Checkpointer keyword arguments
   --wait-after                    ckpt.wait() after every checkpoint
-Prints "RESTART <step|None>", "CKPT <step> <level> <bytes>", "DONE".
+Prints "RESTART <step|None>", "CKPT <step> <level> <bytes>", "DONE"; "ERROR <class> rank=<r> <message>"
+when hpcckpt raised (then exit status 3).
 """
 import argparse
 import contextlib
@@ -93,7 +94,11 @@ try:  # an error hpcckpt raised on every rank leaves the block on every rank (no
                     say(f"ERROR {type(e).__name__} rank={rank} {e}")
                     raise  # agreed: every rank leaves the block with it
                 raise SystemExit(4)
-            start = ckpt.restart()
+            try:
+                start = ckpt.restart()
+            except hpcckpt.HpcCkptError as e:
+                say(f"ERROR {type(e).__name__} rank={rank} {e}")
+                raise  # agreed: every rank leaves the block with it
         if rank == 0:
             say(f"RESTART {start}")
         if start is not None:
