@@ -151,7 +151,8 @@ def runs_prepare(cls, config):
 def phases(level, config=FAULT_CONFIG):
     """The phases of the Level interface that a checkpoint and a restart at ``level`` run."""
     cls = registry.level_class(level)
-    cfg = Config.load(name="app", cache_dir="/nonexistent/node{node}", pfs_dir="/nonexistent/pfs", **config)
+    cfg = Config.load(name="app", cache_dir="/nonexistent/node{node}", pfs_dir="/nonexistent/pfs", environ={},
+                      **config)
     out = [p for p in SAVE_PHASES if p != "prepare" or runs_prepare(cls, cfg)]
     if cls.redundant:
         out.append("recover")
