@@ -34,7 +34,8 @@ and ``error``, ``interrupt`` and ``exit`` once it has returned on this rank: the
 keeps the interface's rule fails (a rank takes part in every message of an exchange and raises
 after it, levels/base.py); raised before, the other ranks would wait for this one's messages.
 The proxy has the phases the wrapped level's class defines and the faulted one: where the
-protocol skips a phase that a level leaves to the interface's no-op, it calls the faulted one.
+protocol skips a phase that a level leaves to the interface's no-op, it calls the faulted one;
+every rank gets the proxy (it fires on RANK only), so that every rank takes the same path.
 ``_HPCCKPT_FAULT_ONCE`` applies to it as well.
 """
 import errno
@@ -115,7 +116,6 @@ PHASES = {"ready": (None, True), "prepare": ("arg", True), "protect": ("manifest
           "restore": ("arg", True), "close": (None, True),
           "offers": (None, False), "discard": (None, False), "pinned_steps": (None, False), "abandon": (None, False)}
 RAISING = ("error", "interrupt", "exit")    # fired after a collective phase has run on this rank
-_PASSED = ("name", "order", "redundant", "restores", "any_rank_count", "settings", "files")
 
 
 def _parse_level(spec):
@@ -129,15 +129,16 @@ def _parse_level(spec):
 
 
 def wrap_level(level, rank):
-    """Local, test-only: ``level`` itself, or the FaultyLevel proxy around it that
-    ``_HPCCKPT_LEVEL_FAULT`` names for this level and ``rank``."""
+    """Local, test-only: ``level`` itself, or the FaultyLevel proxy around it when
+    ``_HPCCKPT_LEVEL_FAULT`` names this level (on every rank; it fires on the rank named)."""
     spec = os.environ.get(LEVEL_ENV, "")
     if not spec:
         return level
     name, phase, r, step, action = _parse_level(spec)
-    if name not in ("*", level.name) or (r != "*" and int(r) != rank):
+    if name not in ("*", level.name):
         return level
-    return _proxy_class(type(level), phase)(level, phase, None if step == "*" else int(step), action)
+    here = r == "*" or int(r) == rank     # every rank gets the proxy: the protocol sees the same level everywhere
+    return _proxy_class(type(level), phase)(level, phase if here else None, None if step == "*" else int(step), action)
 
 
 class FaultyLevel(Level):
@@ -194,7 +195,9 @@ def _phase(method):
     return call
 
 
-for _attr in _PASSED:
+for _attr in [a for a, v in vars(Level).items() if not a.startswith("_") and not callable(v)
+              and not isinstance(v, (classmethod, staticmethod, property))]:
+    # the class attributes of the interface (name, order, redundant, restores, settings, files, ...): the level's
     setattr(FaultyLevel, _attr, property(lambda self, a=_attr: getattr(self._level, a)))
 
 _classes = {}

@@ -15,6 +15,8 @@ import glob
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 
@@ -25,7 +27,13 @@ from hpcckpt.levels.base import Level
 from hpcckpt.levels.options import Setting
 from hpcckpt.levels.registry import register
 
+try:
+    from hpcckpt.levels.files import LevelFiles, Row, Stored, read_rank_manifest, verify_data
+except ImportError:        # levels/files.py (the files protocol) not on this branch yet
+    LevelFiles = None
+
 HERE = os.path.dirname(os.path.abspath(__file__))
+MARKER = "MIRROR"          # in each of the mirror's step directories: they are the mirror's, not a node cache's
 
 
 def mirror_root(config, options):
@@ -33,11 +41,75 @@ def mirror_root(config, options):
     return os.path.join(options.get("dir") or os.path.join(config.pfs_dir, ".mirror"), config.name)
 
 
+if LevelFiles is not None:
+    class MirrorStep(Stored):
+        """A mirror step directory: its rank manifests ({rank: RankManifest}) and their problems."""
+
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            self.manifests, self.bad = {}, []
+
+    class MirrorFiles(LevelFiles):
+        """The mirror's files for ``hpcckpt list/verify/inspect`` (local, no MPI): the step
+        directories holding MARKER, their ``rank_<R>.json`` and ``rank_<R>.dat``."""
+
+        def step_items(self, path, step, entries):
+            if (MARKER, os.path.join(path, MARKER), "file") not in entries:
+                return [], set()
+            item = MirrorStep(self, "mirror", path, step, os.path.basename(os.path.dirname(path)))
+            claimed = {MARKER}
+            for name, where, kind in entries:
+                if name.startswith("rank_") and name.endswith(".json") and name[5:-5].isdigit():
+                    rank = int(name[5:-5])
+                    claimed |= {name, mf.data_file_name(rank)}
+                    m, error = read_rank_manifest(where, kind, step, rank)
+                    if error:
+                        item.bad.append(error)
+                    else:
+                        item.manifests[rank] = m
+            ids = {m.ckpt_id for m in item.manifests.values()}
+            item.ckpt_id = ids.pop() if len(ids) == 1 else None
+            if item.bad:
+                item.error = item.bad[0]
+            return [item], claimed
+
+        def check(self, item):
+            out = []
+            for rank, m in sorted(item.manifests.items()):
+                problem = verify_data(os.path.join(item.path, mf.data_file_name(rank)), m.data_size,
+                                      [(a.name, a.offset, a.nbytes, a.checksum) for a in m.arrays])
+                out += [problem] if problem else []
+            ms = list(item.manifests.values())
+            if ms and len(ms) != ms[0].world_size:
+                out.append(f"{item.path}: copies of {len(ms)} of {ms[0].world_size} ranks")
+            return out
+
+        def row(self, item):
+            ms = list(item.manifests.values())
+            if not ms:
+                return Row(item.error or "no rank copies")
+            state = "committed" if len(ms) == ms[0].world_size else "incomplete"
+            return Row(state, ms[0].epoch, len(ms), ms[0].world_size, sum(m.data_size for m in ms), ms[0].created)
+
+        def inspect(self, item):
+            lines = [f"mirror step {item.step} ({item.path}): {len(item.manifests)} rank copies"]
+            for rank, m in sorted(item.manifests.items()):
+                lines += [f"  rank {rank}: {a.name} {a.dtype} {tuple(a.shape)}" for a in m.arrays]
+            return lines, bool(item.error)
+
+        def rebuild_note(self, rank, cs, cat, ok):
+            for s in cat.stored:
+                if s.files is self and s.ckpt_id == cs.ckpt_id and rank in s.manifests:
+                    return True, f" (the mirror copy of this checkpoint holds it: {s.path})"
+            return None
+
+
 @register
 class MirrorLevel(Level):
     """A copy of every rank's committed step in a directory of its own; restores from it."""
-    name, order, restores = "mirror", 45, True
+    name, order, restores, survives = "mirror", 45, True, "node"
     settings = {"dir": Setting("", str, doc="where the mirror keeps its copies (default: <pfs_dir>/.mirror)")}
+    files = MirrorFiles() if LevelFiles is not None else None
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -67,6 +139,7 @@ class MirrorLevel(Level):
         self._lock()
         d, data, meta = self._paths(manifest.step, manifest.rank)
         storage.makedirs(d, self.cfg.dir_mode)
+        storage.atomic_write_bytes(os.path.join(d, MARKER), b"", self.cfg.file_mode, fsync=False)
         storage.remove_file(meta)                 # a copy of an earlier attempt is no copy of this one
         tmp = f"{data}.tmp.{os.getpid()}"
         try:
@@ -301,3 +374,34 @@ def test_a_save_phase_fails_on_one_rank(level, phase, reference, tmp_path):
 @pytest.mark.parametrize("level,phase", conformance.fault_cases(["mirror"], conformance.RESTART_PHASES))
 def test_a_restart_phase_fails_on_one_rank(level, phase, reference, crashed, tmp_path):
     conformance.test_a_restart_phase_fails_on_one_rank(level, phase, reference, crashed, tmp_path)
+
+
+@pytest.mark.skipif(LevelFiles is None, reason="levels/files.py (the files protocol) is not on this branch yet")
+def test_list_verify_inspect_see_the_mirror(tmp_path):
+    """The command line imports the level (HPCCKPT_LEVEL_MODULES) and asks its files: the mirror's
+    steps are listed, verified (a damaged byte is named) and inspected."""
+    root, mdir = str(tmp_path), str(tmp_path / "mirror")
+    app(root, "--no-restart", config={"mirror": {"dir": mdir}})
+    env = {**os.environ, **job_env()}
+
+    def cli(*args):
+        res = subprocess.run([sys.executable, "-m", "hpcckpt", *map(str, args)], capture_output=True, text=True,
+                             timeout=60, stdin=subprocess.DEVNULL, env=env)
+        assert "Traceback" not in res.stderr, res.stderr
+        return res
+    res = cli("list", root)
+    rows = [ln.split() for ln in res.stdout.splitlines()[1:] if ln.strip()[:1].isdigit()]
+    assert res.returncode == 0 and [(r[0], r[1], r[3], r[5]) for r in rows if r[3] != "cache"] == \
+        [("14", "mirror", "mirror", "4/4"), ("19", "mirror", "mirror", "4/4")], res.stdout     # "in": its dir
+    res = cli("verify", root)
+    assert res.returncode == 0 and "mirror: 2 of 2 steps intact" in res.stdout, res.stdout + res.stderr
+    res = cli("inspect", root, 19)
+    assert res.returncode == 0 and "mirror step 19" in res.stdout and "rank 3: u <f8" in res.stdout, res.stdout
+    (data,) = glob.glob(os.path.join(mdir, "app", "step_0000000019", "rank_000002.dat"))
+    with open(data, "r+b") as f:
+        f.seek(64)
+        b = f.read(1)
+        f.seek(64)
+        f.write(bytes([b[0] ^ 1]))
+    res = cli("verify", root)
+    assert res.returncode != 0 and data in res.stdout, res.stdout + res.stderr

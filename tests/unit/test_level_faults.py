@@ -80,10 +80,21 @@ def wrap(monkeypatch, spec, rank=1, level=None):
     return level, faults.wrap_level(level, rank)
 
 
-@pytest.mark.parametrize("spec", [None, "", "pfs:protect:1", "fake:protect:0", "*:protect:2"])
-def test_no_fault_for_this_level_or_rank_is_the_level_itself(monkeypatch, spec):
+@pytest.mark.parametrize("spec", [None, "", "pfs:protect:1"])
+def test_no_fault_for_this_level_is_the_level_itself(monkeypatch, spec):
     level, wrapped = wrap(monkeypatch, spec)
     assert wrapped is level
+
+
+@pytest.mark.parametrize("spec", ["fake:protect:0", "*:protect:2", "fake:ready:0"])
+def test_another_rank_gets_the_same_proxy_that_never_fires(monkeypatch, spec):
+    """Every rank has the proxy (the protocol's path is the same everywhere); only one fires."""
+    level, w = wrap(monkeypatch, spec)
+    _, here = wrap(monkeypatch, spec, rank=int(spec.split(":")[2]))
+    assert type(w) is type(here) and w is not level
+    assert w.protect(manifest(9)) == "committed" and w.ready() is None
+    with pytest.raises(OSError):
+        (here.protect(manifest(9)) if ":protect:" in spec else here.ready())
 
 
 def test_the_proxy_is_a_level_that_passes_everything_through(monkeypatch):
