@@ -25,6 +25,7 @@ from ..comm import Deferred
 from .base import Level
 from .registry import register
 from .delta import Chain, parity_entries
+from .encoded_catalog import EncodedFiles
 from .encoded_delta import IncrementalParity
 from .encoded_layout import FORMAT, check_info, code_matrix, rebuild_plan, stripe_symbol_owner
 
@@ -32,6 +33,7 @@ from .encoded_layout import FORMAT, check_info, code_matrix, rebuild_plan, strip
 class EncodedLevel(IncrementalParity, Level):
     """Parity across this rank's group of nodes: XorLevel (one parity) and RsLevel (m)."""
     redundant = True
+    files = EncodedFiles()      # xor and rs keep the same files
 
     def __init__(self, ctx):
         super().__init__(ctx)

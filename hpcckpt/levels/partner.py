@@ -23,6 +23,7 @@ from ..topology import partner_holders
 from ..comm import Deferred
 from .base import Level
 from .registry import register
+from .partner_catalog import PartnerFiles
 from .delta import Chain, apply_blocks, check_delta_info, delta_bytes, delta_info, stream_reader
 from .transfer import exchange_files
 
@@ -31,6 +32,7 @@ from .transfer import exchange_files
 class PartnerLevel(Level):
     """A copy of each rank's committed step in the cache of a rank on another node."""
     name, order, redundant = "partner", 20, True
+    files = PartnerFiles()
 
     def __init__(self, ctx):
         super().__init__(ctx)

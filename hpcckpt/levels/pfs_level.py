@@ -14,6 +14,7 @@ from .. import manifest as mf
 from ..comm import Collective
 from .base import Level
 from .pfs import PfsStore, listing, remove_step_dir
+from .pfs_catalog import PfsFiles
 from .pfs_index import committed_steps, max_index_bytes
 from .pfs_items import Item, items_from_manifest
 from .registry import register
@@ -23,6 +24,7 @@ from .registry import register
 class PfsLevel(Level):
     """HDF5 on the parallel file system: survives anything short of losing ``pfs_dir``."""
     name, order, restores, any_rank_count = "pfs", 50, True, True
+    files = PfsFiles()
 
     def __init__(self, ctx):
         super().__init__(ctx)
