@@ -113,11 +113,12 @@ class EventLog:
             self._fd = None
 
     # notes from inside the restore protocol (local; every rank may call them)
-    def restored(self, step, level, data_ok=None, from_pfs=False):
-        """Local: ``step`` (of ``level``) is being restored: from pfs, or from the node caches,
-        ``data_ok`` (one bool per rank: its own cache verified) when a rebuild happened."""
-        if from_pfs:
-            self._restored = (step, "pfs", "pfs", self.size, 0)
+    def restored(self, step, level, data_ok=None, direct=False):
+        """Local: ``step`` (of ``level``) is being restored: from the level's own copy
+        (``direct``: pfs), or from the node caches, ``data_ok`` (one bool per rank: its own cache
+        verified) when a rebuild happened."""
+        if direct:
+            self._restored = (step, level, level, self.size, 0)
         elif data_ok is None:
             self._restored = (step, level, "cache", self.size, 0)
         else:
@@ -130,7 +131,7 @@ class EventLog:
 
     def background(self, step, level, what, seconds):
         """Local (rank 0 writes): the background ``what`` of ``step`` took ``seconds`` (slowest rank)."""
-        self.emit("background", step=step, level=level, work="flush" if what == "pfs flush" else "redundancy",
+        self.emit("background", step=step, level=level, work="redundancy" if what.endswith("redundancy") else "flush",
                   seconds=seconds)
 
     def start(self, ckpt):

@@ -57,6 +57,11 @@ class PartnerLevel(Level):
     def background(self):
         return bool(self.ctx.config.background)
 
+    @classmethod
+    def placement_warnings(cls, node_of, options, config):
+        from ..topology import survivability_warnings
+        return survivability_warnings(node_of, config.group_size, config.rs_parity, levels=(cls.name,))
+
     def protect(self, manifest, pending=None):
         """Collective: this rank's copy to its holder, the copies it holds for others (encode)."""
         return self.encode(manifest.step, manifest)

@@ -79,7 +79,7 @@ def test_restored_notes_name_the_source():
     assert log._restored == (5, "partner", "partner", 3, 1)
     log.restored(5, "partner")
     assert log._restored == (5, "partner", "cache", 4, 0)
-    log.restored(5, "pfs", from_pfs=True)
+    log.restored(5, "pfs", direct=True)
     assert log._restored == (5, "pfs", "pfs", 4, 0)
 
 
