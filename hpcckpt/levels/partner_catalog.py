@@ -10,11 +10,6 @@ from .files import LevelFiles, held_delta, read_rank_manifest, verify_held
 HELD_RE = re.compile(r"^partner_([0-9]+)\.(dat|json|delta|delta\.json)$")
 
 
-def copy_names(rank):
-    """(data, manifest) file names of the copy of rank ``rank``."""
-    return f"partner_{rank:06d}.dat", f"partner_{rank:06d}.json"
-
-
 class PartnerFiles(LevelFiles):
     """Partner copies in held folders."""
 
