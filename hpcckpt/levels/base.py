@@ -42,6 +42,8 @@ exchange, keep the rank in every round with ``comm.Deferred`` and raise after it
 import abc
 import dataclasses
 
+FAILURES = ("process", "node", "system")   # the failures a level may survive, narrowest first (``survives``)
+
 
 @dataclasses.dataclass
 class LevelContext:
@@ -69,6 +71,9 @@ class Level(abc.ABC):
     restores = False      # keeps a copy of its own: offers() and restore() (pfs)
     any_rank_count = False    # restore() places blocks on another rank count (needs equal dtypes on all ranks)
     settings = {}         # {key: options.Setting}: this level's own config keys ([<name>] in the TOML file)
+    survives = "process"  # the widest failure (FAILURES) a step at this level survives: the failure model
+                          # of the interval policy and the simulator (the cheapest level surviving each)
+    keeps = "copies"      # what a redundant level keeps in other nodes' caches, in a word (log lines)
     files = None          # files.LevelFiles: its files, for the catalog, verify and relocate (no MPI)
 
     def __init__(self, ctx):

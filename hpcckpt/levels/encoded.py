@@ -32,6 +32,7 @@ from .encoded_layout import FORMAT, check_info, code_matrix, rebuild_plan, strip
 class EncodedLevel(IncrementalParity, Level):
     """Parity across this rank's group of nodes: XorLevel (one parity) and RsLevel (m)."""
     redundant = True
+    survives, keeps = "node", "parity"
 
     def __init__(self, ctx):
         super().__init__(ctx)

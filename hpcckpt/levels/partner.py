@@ -31,6 +31,7 @@ from .transfer import exchange_files
 class PartnerLevel(Level):
     """A copy of each rank's committed step in the cache of a rank on another node."""
     name, order, redundant = "partner", 20, True
+    survives = "node"
 
     def __init__(self, ctx):
         super().__init__(ctx)

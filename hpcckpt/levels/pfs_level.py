@@ -23,6 +23,7 @@ from .registry import register
 class PfsLevel(Level):
     """HDF5 on the parallel file system: survives anything short of losing ``pfs_dir``."""
     name, order, restores, any_rank_count = "pfs", 50, True, True
+    survives = "system"
 
     def __init__(self, ctx):
         super().__init__(ctx)
