@@ -23,6 +23,7 @@ from ..topology import encoding_groups
 from .combine import Buffers, gather_combine, map_range
 from ..comm import Deferred
 from .base import Level
+from .options import Setting
 from .registry import register
 from .delta import Chain, parity_entries
 from .encoded_delta import IncrementalParity
@@ -33,6 +34,8 @@ class EncodedLevel(IncrementalParity, Level):
     """Parity across this rank's group of nodes: XorLevel (one parity) and RsLevel (m)."""
     redundant = True
     survives, keeps = "node", "parity"
+    settings = {"group_size": Setting(4, int, flat="group_size",
+                                      doc="ranks per parity group, on distinct nodes (xor and rs share it)")}
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -371,6 +374,8 @@ class XorLevel(EncodedLevel):
 class RsLevel(EncodedLevel):
     """Reed-Solomon parity (``rs_parity`` blocks per group): survives that many lost nodes per group."""
     name, order = "rs", 40
+    settings = {**EncodedLevel.settings,
+                "parity": Setting(2, int, flat="rs_parity", doc="parity blocks per group (at most its ranks - 1)")}
 
     def parities(self, ctx):
         return int(ctx.config.rs_parity)
