@@ -149,5 +149,10 @@ class Level(abc.ABC):
     @classmethod
     def placement_warnings(cls, node_of, options, config):
         """Local, pure: plain-language warnings about what this level cannot survive when rank r
-        runs on node ``node_of[r]`` (rank 0 logs them once)."""
+        runs on node ``node_of[r]`` (rank 0 logs them once); ``options``: its settings
+        (``config.level_options(name)``). Here: a redundant level on one node (then a subclass
+        adds nothing more)."""
+        if cls.redundant and max(node_of) == 0:
+            return [f"all ranks are on one node: the {cls.name} level cannot survive the loss of that node "
+                    "(set ranks_per_node, or run on several nodes)"]
         return []

@@ -49,6 +49,23 @@ class EncodedLevel(IncrementalParity, Level):
         self.chain = Chain(cache) if cache.cfg.incremental else None
         self.sent = 0            # bytes this rank sent in its last encode (benchmarks)
 
+    @classmethod
+    def placement_warnings(cls, node_of, options, config):
+        """Local, pure: one node (nothing survives its loss); a rank alone in its group (no parity
+        protects it); a group of k ranks with no more than ``parity`` (rs: it uses k - 1)."""
+        warnings = super().placement_warnings(node_of, options, config)
+        if warnings:
+            return warnings
+        parity = options.get("parity", 1)
+        for group in encoding_groups(node_of, options["group_size"]):
+            if len(group) == 1:
+                warnings.append(f"rank {group[0]} has no rank on another node to share its {cls.name} group: "
+                                f"the {cls.name} level cannot protect it against losing its node")
+            elif len(group) <= parity:
+                warnings.append(f"the group {group} has {len(group)} ranks: {cls.name} can use only {len(group) - 1} "
+                                f"parity block(s) there instead of {parity}")
+        return warnings
+
     def pinned_steps(self):
         """Local: the base step of the next incremental checkpoint (kept by retire)."""
         return self.chain.pinned() if self.chain is not None else ()

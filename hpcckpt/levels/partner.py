@@ -41,6 +41,18 @@ class PartnerLevel(Level):
         self.chain = Chain(cache) if cache.cfg.incremental else None
         self.sent = 0            # bytes this rank sent in its last encode (benchmarks)
 
+    @classmethod
+    def placement_warnings(cls, node_of, options, config):
+        """Local, pure: one node (nothing survives its loss); uneven nodes (a rank holds several copies)."""
+        warnings = super().placement_warnings(node_of, options, config)
+        if warnings:
+            return warnings
+        loads = {}
+        for h in partner_holders(node_of):
+            loads[h] = loads.get(h, 0) + 1
+        worst = max(loads.values())
+        return [f"uneven nodes: a rank holds up to {worst} {cls.name} copies"] if worst > 1 else []
+
     def pinned_steps(self):
         """Local: the base step of the next incremental checkpoint (kept by retire)."""
         return self.chain.pinned() if self.chain is not None else ()
