@@ -85,7 +85,8 @@ class Config:
 
     @classmethod
     def load(cls, config=None, environ=None, **overrides):
-        """Layer defaults < file/dict/Config < environment < overrides; validate; return a Config."""
+        """Layer defaults < file/dict/Config < environment < overrides (in each, flat keys and the
+        levels' own settings: levels/options.py); validate; return a Config."""
         environ = os.environ if environ is None else environ
         layers = []
         if isinstance(config, Config):

@@ -39,6 +39,11 @@ def register(cls):
     clash = [c.name for c in _classes.values() if c.order == cls.order and c.name != name]
     if clash:
         raise ValueError(f"register: level {name!r} has the order {cls.order} of level {clash[0]!r}")
+    from .options import Setting
+    for key, setting in dict(cls.settings).items():
+        if not (isinstance(key, str) and key.isidentifier() and key == key.lower()) or not isinstance(setting, Setting):
+            raise ValueError(f"register: level {name!r}: settings must map lower-case identifiers to "
+                             f"options.Setting, not {key!r}: {setting!r}")
     if cls.survives not in FAILURES:
         raise ValueError(f"register: level {name!r} survives {cls.survives!r}, not one of {', '.join(FAILURES)}")
     if cls.redundant and cls.restores:

@@ -484,5 +484,13 @@ def test_flat_settings_match_their_config_fields():
                 assert s.flat in fields and fields[s.flat] == s.default, (name, key)
 
 
+def test_a_level_declares_settings_as_settings():
+    for settings in ({"Dir": Setting("x", str)}, {"dir": "x"}, {"a-b": Setting(1, int)}):
+        cls = type("Bad", (Level,), {"name": "bad", "order": 48, "settings": settings})
+        with pytest.raises(ValueError, match="level 'bad': settings must map lower-case identifiers"):
+            registry.register(cls)
+    assert "bad" not in registry.LEVELS
+
+
 def test_the_level_modules_variable_is_not_a_configuration_key():
     assert Config.load(environ={"HPCCKPT_LEVEL_MODULES": "", "HPCCKPT_KEEP": "3"}).keep == 3
