@@ -96,7 +96,7 @@ def worker(a):
                     # measured ones, the full step that incremental_full_every forces
                     r[mode]["phase"].append("warmup" if it < 0 else "first_periodic" if it == a.iters
                                             else "periodic" if it == second else "steady")
-                    r[mode]["sent"].append(mx(ckpt._levels[level].sent))
+                    r[mode]["sent"].append(mx(ckpt._ctx.levels[level].sent))
                     r[mode]["written"].append(mx(held_bytes(ckpt, step)))
                     m = ckpt.cache.read_manifest(step)
                     r[mode]["incremental"].append(comm.allreduce(m.base is not None, op=MPI.LAND))

@@ -11,7 +11,7 @@ import stat
 from . import storage
 from .catalog import cache_steps, index_cap, not_regular, why
 from .errors import HpcCkptError
-from .levels.registry import REDUNDANT
+from .levels import registry
 
 
 def verify(item, buffer_bytes=1 << 20):
@@ -266,6 +266,6 @@ def _rebuild_note(cs, rank, problems, root, pfs_copies=None):
     if notes:
         return notes[0]
     level = cs.manifest.level if cs.manifest else None
-    if level in REDUNDANT:
+    if level in registry.redundant():
         return f" (no intact {level} redundancy for it under {root})"
     return ""

@@ -137,7 +137,7 @@ class EventLog:
 
     def background(self, step, level, what, seconds):
         """Local (rank 0 writes): the background ``what`` of ``step`` took ``seconds`` (slowest rank)."""
-        self.emit("background", step=step, level=level, work="flush" if what == "pfs flush" else "redundancy",
+        self.emit("background", step=step, level=level, work="redundancy" if what.endswith("redundancy") else "flush",
                   seconds=seconds)
 
     def start(self, ckpt):

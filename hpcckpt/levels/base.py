@@ -16,7 +16,8 @@ rank's error is raised on every rank and the step is not committed at this level
     level.retire(manifest, clear_others)                                # after protect
     # on an error between prepare and protect: level.discard(pending)   (local)
 
-With ``background`` (``level.background()`` True) ``prepare`` is not called; ``protect`` (then, for
+With ``background`` (``level.background()`` True) ``prepare`` is not called; ``ready()`` is,
+in the caller's thread; then ``protect`` (then, for
 a redundant level, the manifest commit at this level) and ``retire`` run in a background thread
 on a communicator of their own (``LevelContext.comm``), reading the committed cache files, never
 the application's arrays.
@@ -84,6 +85,11 @@ class Level(abc.ABC):
     def background(self):
         """Local, the same on every rank: whether protect() runs in the background thread."""
         return False
+
+    def ready(self):
+        """Collective, in the caller's thread, before protect() starts in the background thread:
+        set up what the level makes on first use (the pfs store and its directory lock), so
+        that the thread never makes a communicator."""
 
     def prepares(self):
         """Local, the same on every rank: whether prepare() is to be called (then the arrays to

@@ -57,6 +57,9 @@ class PfsLevel(Level):
     def background(self):
         return bool(self.cfg.async_flush or self.cfg.background)
 
+    def ready(self):
+        self._store()
+
     def prepares(self):
         return bool(self.cfg.direct_io)
 

@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 from harness import outputs, restart_step, run_mpi
-from hpcckpt.levels.registry import LEVELS, SPECS
+from hpcckpt.levels.registry import LEVELS, level_class
 
 pytestmark = pytest.mark.mpi
 NPROCS, STEPS, EVERY, CRASH = 4, 20, 5, 12        # committed: 4 and 9 (keep = 2)
@@ -75,19 +75,19 @@ def damage_newest(root, rank):
 
 
 def expected_after_loss(level, older_everywhere):
-    spec = SPECS[level]
-    if spec.redundant or spec.flush:
+    spec = level_class(level)
+    if spec.redundant or spec.restores:
         return 9
     return 4 if older_everywhere else None
 
 
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level", list(LEVELS))
 @pytest.mark.parametrize("fault", ["crash", "node-lost", "damaged"])
 def test_level_contract(level, fault, reference, crashed, tmp_path):
     root = str(tmp_path / "run")
     shutil.copytree(crashed(level), root)
     assert committed_cache_steps(root) == [4, 9]                       # keep = 2: the older ones retired
-    if SPECS[level].flush:
+    if level_class(level).restores:
         assert committed_pfs_steps(root) == [4, 9]
     if fault == "crash":
         expected = 9

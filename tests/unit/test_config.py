@@ -327,7 +327,7 @@ def test_stall_timeout_and_stall_action(tmp_path):
 
 def test_the_watchdog_settings_may_differ_between_ranks():
     """They shape no message: like log_level they are left out of the cross-rank comparison."""
-    from hpcckpt.checkpointer import _settings_digest
+    from hpcckpt.process_hooks import settings_digest as _settings_digest
     base = Config.load(environ={})
     assert _settings_digest(base) == _settings_digest(base.replace(stall_timeout=5, stall_action="abort",
                                                                    log_level="DEBUG"))
