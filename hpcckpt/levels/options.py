@@ -58,11 +58,6 @@ def declared():
     return {name: dict(cls.settings) for name, cls in registry.classes().items() if cls.settings}
 
 
-def env_name(level, key):
-    """The environment variable of setting ``key`` of ``level``."""
-    return f"HPCCKPT_{level}_{key}".upper()
-
-
 class Layer:
     """One configuration layer (a file, a dict, the environment, keyword arguments): ``flat``
     {config key: value}, including the level settings that have a flat key, and ``own`` {level:
