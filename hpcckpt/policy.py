@@ -133,7 +133,7 @@ class Policy:
         self.exit_safety = exit_safety
         if final_level is not None and final_level not in LEVELS:
             raise ConfigError(f"final_level: unknown level {final_level!r}; use {', '.join(LEVELS)}")
-        self.final_level = final_level or ("pfs" if "pfs" in self.levels else self.levels[-1])
+        self.final_level = final_level or self.levels[-1]      # the most resilient of its levels
         self.measured_levels = tuple(ordered_levels(set(self.levels) | {self.final_level}))
         if clock is None:
             clock, wall_clock = time.monotonic, (time.time if wall_clock is None else wall_clock)

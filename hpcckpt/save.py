@@ -31,6 +31,7 @@ from .codecs.checksum import digest
 from .comm import U64_MAX, Collective, explain, mark_collective, reduce_sum_max
 from .errors import CheckpointWriteError, HpcCkptError, IncompatibleCheckpointError, ProtectError
 from .levels import registry
+from .levels.local import LocalLevel
 from .protected import dropped, dropped_message
 
 log = logging.getLogger("hpcckpt")
@@ -157,7 +158,7 @@ def _write_and_commit(ctx, lv, step, ckpt_id, state, t0, later):
         if lv.redundant:
             ctx.warn_placement((lv.name,))
             if later:
-                committed = dataclasses.replace(manifest, level="local")
+                committed = dataclasses.replace(manifest, level=LocalLevel.name)
             else:
                 with Collective(ctx.comm, f"encoding checkpoint {step} ({lv.name})"):
                     committed = background.protect(lv, manifest)

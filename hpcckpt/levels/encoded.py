@@ -397,4 +397,4 @@ class RsLevel(EncodedLevel):
                 "parity": Setting(2, int, flat="rs_parity", doc="parity blocks per group (at most its ranks - 1)")}
 
     def parities(self, ctx):
-        return int(ctx.config.rs_parity)
+        return int(ctx.options["parity"])
