@@ -66,21 +66,26 @@ def start(ctx, manifest, level):
     """Collective: the rest of a committed step in a background thread: the level's protect;
     for a redundant level then the manifest committed at its level (the cache holds the step as
     a local one until then); the level's retire."""
-    step, comm = manifest.step, level.ctx.comm
-    level.ready()
+    step, name = manifest.step, level.name
+    with Collective(ctx.comm, f"setting up the {name} level for the background work of checkpoint {step}"):
+        level.ready()
+    comm = ctx.background_comm()
 
     def work():
         if level.redundant:
-            with Collective(comm, f"encoding checkpoint {step} ({level.name}) in the background"):
+            with Collective(comm, f"encoding checkpoint {step} ({name}) in the background"):
                 hook = Deferred()      # test hook: kill/ENOSPC; the exchange still runs on every rank
                 hook.run(faults.hit, "background", ctx.rank, step)
                 committed = protect(level, manifest, error=hook.error)
-            with Collective(comm, f"committing the {level.name} level of checkpoint {step}"):
+            with Collective(comm, f"committing the {name} level of checkpoint {step}"):
                 ctx.cache.commit(committed)
+            with Collective(comm, f"retiring at the {name} level after checkpoint {step}"):
+                level.retire(manifest, ctx.clear_others and ctx.committed)
         else:
-            protect(level, manifest)
-        level.retire(manifest, ctx.clear_others and ctx.committed)
-    ctx.flush = Background(step, level.name, work, level.redundant)
+            with Collective(comm, f"the {name} copy of checkpoint {step} in the background"):
+                protect(level, manifest)
+                level.retire(manifest, ctx.clear_others and ctx.committed)
+    ctx.flush = Background(step, name, work, level.redundant)
 
 
 def finish(ctx, raise_error, retire):

@@ -1,54 +1,55 @@
 """Find checkpoints on disk without MPI (local; used by the command line).
 
-``scan(root)`` walks a directory (a cache dir, a pfs dir, a job dir, or any directory above
-them, up to MAX_DEPTH levels down) and returns a Catalog of everything that looks like a
-checkpoint part:
+``scan(root)`` walks a directory (a cache dir, a level's own directory such as the pfs dir, a
+job dir, or any directory above them, up to MAX_DEPTH levels down) and returns a Catalog of
+everything that looks like a checkpoint part:
 
-- cache steps (``<cache_dir>/<name>/step_<S>/``): every rank manifest, every partner copy and
-  parity a rank holds for others (``held_<H>/``), and data files left without a manifest;
-- pfs steps (``<pfs_dir>/<name>/step_<S>/`` with ``COMMITTED.json`` / ``checkpoint.h5`` /
-  ``node_<n>.h5``, and ``step_<S>.tmp-<id>/`` being written or abandoned), with their index;
+- cache steps (``<cache_dir>/<name>/step_<S>/``): every rank manifest, data files left without
+  a manifest, and what the levels keep in a rank's held folder ``held_<H>/`` (partner copies,
+  parity), found by asking each registered level's ``files`` (levels/files.py);
+- the steps a level keeps in directories of its own (the pfs level's step directories, and
+  those being written), as the level's ``files`` reads them (``Stored`` records);
 - problems: what could not be examined (a directory that cannot be listed, a step or held
   directory that is a symbolic link or not a directory, a manifest that is not a regular file).
 
-Nothing here opens a FIFO or follows a symbolic link below ``root``; nothing imports mpi4py.
+Nothing here opens a FIFO or follows a symbolic link below ``root``, and nothing parses a
+level's file names but the node cache's own (``rank_<R>.json/.dat``, ``held_<H>``).
 ``cache_steps(catalog)`` groups what was found into checkpoints; catalog_verify.py re-verifies
 them, catalog_inspect.py reads a rank part's state document; the CLI prints what they say.
 """
 import collections
 import dataclasses
 import os
-import re
 import stat
 
-from . import manifest as mf, storage
+from . import manifest as mf
 from .errors import HpcCkptError
+from .levels.files import entry_kind, read_rank_manifest, registered, why
 
 MAX_DEPTH = 6
-PFS_FILES_RE = re.compile(r"^(COMMITTED\.json|checkpoint\.h5|node_[0-9]{6}\.h5)$")
-PFS_TMP_RE = re.compile(r"^(step_[0-9]{10,13})\.tmp-")
-
-
-def why(e):
-    """The reason of an OSError, without Python's '[Errno n]' prefix and never 'None'."""
-    return e.strerror or str(e) or type(e).__name__
 
 
 @dataclasses.dataclass
 class Found:
-    """One rank manifest file found under a directory: parsed, or the reason it is unreadable."""
+    """One rank manifest found in a cache step directory (``kind`` "rank"), or an item a level
+    keeps in a held folder (``files``: the level's LevelFiles): parsed, or the reason it is unreadable."""
     path: str
     step: int
-    rank: int
-    manifest: object = None   # RankManifest (rank, partner) or the encoded.json table (parity)
+    rank: int                 # the rank whose part it is (a copy of), or covers (parity: its holder)
+    manifest: object = None   # RankManifest (a rank's, a copy's), or what the level read (the parity table)
     error: str = None
-    kind: str = "rank"        # "rank": a rank's own part; "partner": a copy held for it; "parity"
-    holder: int = None        # partner / parity: the rank whose held_<H> folder keeps it
+    kind: str = "rank"        # "rank": a rank's own part; else the level's word for it ("partner", "parity")
+    holder: int = None        # held items: the rank whose held_<H> folder keeps it
+    files: object = None      # held items: the LevelFiles that found it (verify asks it)
+    data: str = None          # held items: its data file
+    delta: str = None         # held items of an incremental step: the delta file held instead of the data
+    what: str = ""            # held items: the tail of its label
+    ckpt: str = None          # held items: the checkpoint it belongs to, when readable
 
     @property
     def step_dir(self):
         d = os.path.dirname(self.path)
-        return d if self.kind == "rank" else os.path.dirname(d)
+        return d if self.files is None else os.path.dirname(d)
 
     @property
     def job_dir(self):
@@ -61,21 +62,13 @@ class Found:
 
     @property
     def data_path(self):
-        if self.kind == "partner":
-            return self.path[:-5] + ".dat"
-        if self.kind == "parity":
-            return os.path.join(os.path.dirname(self.path), "parity.dat")
-        return os.path.join(os.path.dirname(self.path), mf.data_file_name(self.rank))
+        return self.data or os.path.join(os.path.dirname(self.path), mf.data_file_name(self.rank))
 
     @property
     def delta_path(self):
-        """A partner copy or parity of an incremental step: its delta file (held instead of the
-        full file, levels/delta.py); None otherwise."""
-        if self.kind in ("partner", "parity"):
-            data = self.data_path
-            if not os.path.lexists(data) and os.path.lexists(data[:-4] + ".delta.json"):
-                return data[:-4] + ".delta"
-        return None
+        """A held item of an incremental step: its delta file (held instead of the full file,
+        levels/delta.py); None otherwise."""
+        return self.delta
 
     @property
     def shown_path(self):
@@ -83,35 +76,15 @@ class Found:
         return self.delta_path or self.data_path
 
     @property
-    def label(self):
-        if self.kind == "partner":
-            return f"step {self.step} rank {self.rank} (partner copy held by rank {self.holder})"
-        if self.kind == "parity":
-            return f"step {self.step} rank {self.rank} (parity)"
-        return f"step {self.step} rank {self.rank}"
-
-
-@dataclasses.dataclass
-class PfsStep:
-    """One step directory under a pfs job directory."""
-    path: str
-    step: int
-    index: object = None      # pfs_index.Index when COMMITTED.json is readable
-    error: str = None         # why the index cannot be used
-    committed: bool = False   # COMMITTED.json exists
-    tmp: bool = False         # step_<S>.tmp-<id>: being written, or abandoned by a crash
-
-    @property
-    def job_dir(self):
-        return os.path.dirname(self.path)
-
-    @property
-    def job(self):
-        return self.index.name if self.index else os.path.basename(os.path.abspath(self.job_dir))
+    def ckpt_id(self):
+        """The checkpoint it belongs to; None when it is unreadable."""
+        if self.error or self.manifest is None:
+            return None
+        return self.manifest.ckpt_id if self.files is None else self.ckpt
 
     @property
     def label(self):
-        return f"step {self.step} (pfs)"
+        return f"step {self.step} rank {self.rank}{self.what}"
 
 
 @dataclasses.dataclass
@@ -129,16 +102,16 @@ class Problem:
 class Catalog:
     root: str
     found: list = dataclasses.field(default_factory=list)       # Found, sorted by step, rank
-    pfs: list = dataclasses.field(default_factory=list)         # PfsStep, sorted by step
+    stored: list = dataclasses.field(default_factory=list)      # levels/files.Stored (pfs steps), sorted by step
     problems: list = dataclasses.field(default_factory=list)    # Problem
     pending: dict = dataclasses.field(default_factory=dict)     # (step dir, step) -> [rank] of data without manifest
 
     def empty(self):
-        return not (self.found or self.pfs or self.problems or self.pending)
+        return not (self.found or self.stored or self.problems or self.pending)
 
     def only_step(self, step):
         """A copy restricted to one step (problems of unknown step are kept)."""
-        return Catalog(self.root, [f for f in self.found if f.step == step], [p for p in self.pfs if p.step == step],
+        return Catalog(self.root, [f for f in self.found if f.step == step], [s for s in self.stored if s.step == step],
                        [p for p in self.problems if p.step in (None, step)],
                        {k: v for k, v in self.pending.items() if k[1] == step})
 
@@ -159,14 +132,14 @@ def scan(root, max_depth=MAX_DEPTH):
         os.listdir(root)
     except OSError as e:
         raise HpcCkptError(f"{root}: cannot be read ({why(e)})") from None
-    _walk(cat, root, 0, max_depth)
+    _walk(cat, root, 0, max_depth, registered())
     cat.found.sort(key=lambda f: (f.step, f.rank, f.kind, f.path))
-    cat.pfs.sort(key=lambda p: (p.step, p.tmp, p.path))
+    cat.stored.sort(key=lambda s: (s.step, s.path))
     return cat
 
 
 def find(root):
-    """Every rank manifest, partner copy and parity under ``root``, sorted by step, rank."""
+    """Every rank manifest and held item (partner copy, parity) under ``root``, sorted by step, rank."""
     return scan(root).found
 
 
@@ -179,170 +152,70 @@ def uncommitted_steps(root):
 
 
 def _entries(cat, path, step=None):
-    """The entries of a directory sorted by name, or None (a Problem recorded) if it cannot be listed."""
+    """[(name, path, kind)] of a directory sorted by name (kind: levels/files.entry_kind), or None
+    (a Problem recorded) if it cannot be listed."""
     try:
         with os.scandir(path) as it:
-            return sorted(it, key=lambda e: e.name)
+            return [(e.name, e.path, entry_kind(e)) for e in sorted(it, key=lambda e: e.name)]
     except OSError as e:
         cat.problems.append(Problem(path, f"cannot be read ({why(e)})", step))
         return None
 
 
-def _kind(entry):
-    """'dir', 'file', 'link' or 'other' (FIFO, socket, device), without following links."""
-    try:
-        if entry.is_symlink():
-            return "link"
-        if entry.is_dir(follow_symlinks=False):
-            return "dir"
-        if entry.is_file(follow_symlinks=False):
-            return "file"
-    except OSError:
-        pass
-    return "other"
-
-
-def not_regular(kind):
-    """Local: what to say of an entry that is not a regular file, by its _kind ("link", "dir", "other")."""
-    return {"link": "is a symbolic link; refusing to follow it", "dir": "is a directory, not a file",
-            "other": "is not a regular file (a FIFO, socket or device)"}[kind]
-
-
-def _walk(cat, path, depth, max_depth):
+def _walk(cat, path, depth, max_depth, levels):
     step = mf.parse_step_dir_name(os.path.basename(os.path.normpath(path)))
     if step is not None:
-        _step_dir(cat, path, step)
+        _step_dir(cat, path, step, levels)
         return
-    entries = _entries(cat, path)
-    for e in entries or ():
-        kind = _kind(e)
-        estep = mf.parse_step_dir_name(e.name)
-        tmp = PFS_TMP_RE.match(e.name)
-        tmp_step = mf.parse_step_dir_name(tmp.group(1)) if tmp else None
-        if tmp_step is not None and kind == "dir":
-            cat.pfs.append(PfsStep(e.path, tmp_step, tmp=True))
+    for name, epath, kind in _entries(cat, path) or ():
+        estep = mf.parse_step_dir_name(name)
+        item = next((i for i in (f.other_item(epath, name, kind) for f in levels) if i is not None), None)
+        if item is not None:
+            cat.stored.append(item)
         elif estep is not None and kind != "dir":
             what = "is a symbolic link; not followed" if kind == "link" else "is not a directory"
-            cat.problems.append(Problem(e.path, "named like a step directory but " + what, estep))
+            cat.problems.append(Problem(epath, "named like a step directory but " + what, estep))
         elif kind == "dir" and depth + 1 <= max_depth:
-            _walk(cat, e.path, depth + 1, max_depth)
+            _walk(cat, epath, depth + 1, max_depth, levels)
 
 
-def _step_dir(cat, path, step):
+def _step_dir(cat, path, step, levels):
     entries = _entries(cat, path, step)
     if entries is None:
         return
-    pfs_names = {}
+    for files in levels:            # a level's own step directory: the names it claims are its
+        items, claimed = files.step_items(path, step, entries)
+        cat.stored.extend(items)
+        entries = [e for e in entries if e[0] not in claimed]
     data, manifests = set(), set()
-    for e in entries:
-        name, kind = e.name, _kind(e)
-        if PFS_FILES_RE.match(name):
-            pfs_names[name] = kind
-        elif name.startswith("rank_") and name.endswith(".json") and name[5:-5].isdigit():
+    for name, epath, kind in entries:
+        if name.startswith("rank_") and name.endswith(".json") and name[5:-5].isdigit():
             rank = int(name[5:-5])
             manifests.add(rank)
-            item = Found(e.path, step, rank)
-            if kind != "file":
-                item.error = f"{e.path}: {not_regular(kind)}"
-            else:
-                try:
-                    item.manifest = mf.parse(storage.read_json(e.path), e.path)
-                    if item.manifest.step != step or item.manifest.rank != rank:
-                        item.error = (f"{e.path}: describes step {item.manifest.step} rank {item.manifest.rank}, "
-                                      f"not step {step} rank {rank}")
-                except (HpcCkptError, OSError, ValueError, RecursionError) as err:
-                    item.error = _message(e.path, err)
+            item = Found(epath, step, rank)
+            item.manifest, item.error = read_rank_manifest(epath, kind, step, rank)
             cat.found.append(item)
         elif name.startswith("rank_") and name.endswith(".dat") and name[5:-4].isdigit():
             data.add(int(name[5:-4]))
-        elif name.startswith("held_") and name[5:].isdigit():
+        elif (holder := mf.parse_held_dir_name(name)) is not None:
             if kind == "dir":
-                _held(cat, e.path, step, int(name[5:]))
+                _held(cat, epath, step, holder, levels)
             else:
-                cat.problems.append(Problem(e.path, "a held-redundancy folder that " + (
+                cat.problems.append(Problem(epath, "a held-redundancy folder that " + (
                     "is a symbolic link; not followed" if kind == "link" else "is not a directory"), step))
     if data - manifests:
         cat.pending[(path, step)] = sorted(data - manifests)
-    if pfs_names:
-        cat.pfs.append(_pfs_step(path, step, pfs_names))
 
 
-def _held(cat, path, step, holder):
-    """Partner copies and parity kept in one ``held_<H>`` folder of a step directory."""
-    entries = _entries(cat, path, step)
-    for e in entries or ():
-        name, kind = e.name, _kind(e)
-        if name.startswith("partner_") and name.endswith(".json") and name[8:-5].isdigit():
-            item = Found(e.path, step, int(name[8:-5]), kind="partner", holder=holder)
-            if kind != "file":
-                item.error = f"{e.path}: {not_regular(kind)}"
-            else:
-                try:
-                    item.manifest = mf.parse(storage.read_json(e.path), e.path)
-                    if item.manifest.step != step or item.manifest.rank != item.rank:
-                        item.error = (f"{e.path}: describes step {item.manifest.step} rank {item.manifest.rank}, "
-                                      f"not step {step} rank {item.rank}")
-                except (HpcCkptError, OSError, ValueError, RecursionError) as err:
-                    item.error = _message(e.path, err)
-            cat.found.append(item)
-        elif name == "encoded.json":
-            item = Found(e.path, step, holder, kind="parity", holder=holder)
-            if kind != "file":
-                item.error = f"{e.path}: {not_regular(kind)}"
-            else:
-                try:
-                    item.manifest = _parity_table(storage.read_json(e.path), holder)
-                except (HpcCkptError, OSError, ValueError, TypeError, KeyError, RecursionError) as err:
-                    item.error = _message(e.path, err)
-            cat.found.append(item)
-
-
-def _message(path, err):
-    """One line naming ``path`` (once) and what is wrong."""
-    text = f"cannot be read ({why(err)})" if isinstance(err, OSError) else str(err) or type(err).__name__
-    if isinstance(err, KeyError):
-        text = f"key {err} is missing; not an hpcckpt encoded-level file"
-    return text if text.startswith(path) else f"{path}: {text}"
-
-
-def _parity_table(doc, holder):
-    if not isinstance(doc, dict) or doc.get("format") != "hpcckpt-encoded":
-        raise ValueError("not an hpcckpt encoded-level file")
-    m, piece, sums, group = doc["parity"], doc["piece"], doc["parity_checksums"], doc["group"]
-    if not (isinstance(m, int) and isinstance(piece, int) and piece >= 8 and isinstance(sums, list) and len(sums) == m
-            and all(isinstance(c, str) for c in sums)):
-        raise ValueError("not an hpcckpt encoded-level file")
-    if not (isinstance(group, list) and group and all(mf._is_int(r) and r >= 0 for r in group) and holder in group):
-        raise ValueError(f"its group {group!r} does not list its holder, rank {holder}")
-    if not isinstance(doc.get("ckpt_id"), str) or not isinstance(doc.get("level"), str):
-        raise ValueError("its ckpt_id or level is missing")
-    from .levels.delta import SEGMENTS_ONLY, parity_entries, segment_sums_ok
-    if m and any(c == SEGMENTS_ONLY for c in sums) and not segment_sums_ok(doc, m, piece, doc.get("segment")):
-        raise ValueError("bad segment checksums")     # an incremental step's parity: one checksum per segment
-    return {"size": m * piece, "entries": parity_entries(doc),
-            "group": list(group), "parity": m, "level": doc["level"], "ckpt_id": doc["ckpt_id"]}
-
-
-def _pfs_step(path, step, names):
-    from .levels import pfs_index
-    item = PfsStep(path, step, committed=pfs_index.MARKER in names)
-    kind = names.get(pfs_index.MARKER)
-    if kind is None:
-        item.error = f"not committed ({pfs_index.MARKER} is missing)"
-    elif kind != "file":
-        item.error = f"{os.path.join(path, pfs_index.MARKER)}: {not_regular(kind)}"
-    else:
-        try:
-            item.index = pfs_index.read_index(path, step=step, max_bytes=index_cap())
-        except (HpcCkptError, OSError, ValueError, RecursionError) as err:
-            item.error = _message(os.path.join(path, pfs_index.MARKER), err)
-    return item
-
-
-def index_cap():
-    """The largest COMMITTED.json the command line reads (that of a job of 4096 ranks)."""
-    from .levels import pfs_index
-    return pfs_index.max_index_bytes(4096)
+def _held(cat, path, step, holder, levels):
+    """What the levels keep in one ``held_<H>`` folder of a step directory (each entry goes to
+    the first level whose files claim it)."""
+    entries = _entries(cat, path, step) or []
+    for files in levels:
+        mine = [e for e in entries if files.held_file(e[0])]
+        entries = [e for e in entries if not files.held_file(e[0])]
+        if mine:
+            cat.found.extend(files.held_items(path, step, holder, mine))
 
 
 # ---------------------------------------------------------------------- checkpoints
@@ -354,8 +227,7 @@ class CacheStep:
     job: str
     step: int
     ranks: list = dataclasses.field(default_factory=list)      # Found (kind rank): its own and unreadable ones
-    copies: list = dataclasses.field(default_factory=list)     # Found (kind partner) of this checkpoint
-    parities: list = dataclasses.field(default_factory=list)   # Found (kind parity) of this checkpoint
+    held: list = dataclasses.field(default_factory=list)       # Found held items (partner copies, parity) of it
     pending: list = dataclasses.field(default_factory=list)    # ranks with data but no manifest in its directories
     reference: list = dataclasses.field(default_factory=list)  # its readable rank manifests (one ckpt_id)
     stale: list = dataclasses.field(default_factory=list)      # manifests of another checkpoint in its directories
@@ -369,8 +241,8 @@ class CacheStep:
     def world_size(self):
         if self.reference:
             return self.manifest.world_size
-        for f in self.copies:
-            if f.manifest and not f.error:
+        for f in self.held:         # a held copy of a rank's manifest
+            if isinstance(f.manifest, mf.RankManifest) and not f.error:
                 return f.manifest.world_size
         return None
 
@@ -385,20 +257,13 @@ class CacheStep:
         return f"step {self.step}"
 
 
-def _ckpt_of(f):
-    """The ckpt_id a readable Found belongs to, else None."""
-    if f.error or f.manifest is None:
-        return None
-    return f.manifest["ckpt_id"] if f.kind == "parity" else f.manifest.ckpt_id
-
-
 def cache_steps(cat):
     """The cache checkpoints of a catalog, in (job, step) order.
 
     The readable rank manifests of one job and step are grouped by ckpt_id: each group is one
     checkpoint, wherever its ranks' directories are. A group whose every directory also holds
     ranks of a larger (else newer) group is not a checkpoint but stale pieces: its files are
-    that group's ``stale``. Unreadable manifests, partner copies, parity and data without a
+    that group's ``stale``. Unreadable manifests, held items (partner copies, parity) and data without a
     manifest go with the checkpoint whose directory (or ckpt_id) they share."""
     by_step = collections.defaultdict(list)
     for f in cat.found:
@@ -411,8 +276,8 @@ def cache_steps(cat):
     for (job, step), items in sorted(by_step.items()):
         groups = collections.defaultdict(list)
         for f in items:
-            if f.kind == "rank" and _ckpt_of(f):
-                groups[_ckpt_of(f)].append(f)
+            if f.files is None and f.ckpt_id:
+                groups[f.ckpt_id].append(f)
         order = sorted(groups, key=lambda c: (len(groups[c]), groups[c][0].manifest.epoch,
                                               groups[c][0].manifest.created, c), reverse=True)
         dirs = {c: {f.step_dir for f in groups[c]} for c in order}
@@ -435,17 +300,15 @@ def cache_steps(cat):
             for f in groups[c]:
                 home(f).stale.append(f)
         for f in items:
-            if f.kind == "rank" and _ckpt_of(f) is None:
+            if f.files is None and f.ckpt_id is None:
                 home(f).ranks.append(f)
-            elif f.kind == "partner":
-                home(f, _ckpt_of(f)).copies.append(f)
-            elif f.kind == "parity":
-                home(f, _ckpt_of(f)).parities.append(f)
+            elif f.files is not None:
+                home(f, f.ckpt_id).held.append(f)
         for step_dir, ranks in pending_by.get((job, step), {}).items():
             target = next((steps[k] for k in kept if step_dir in dirs[k]), orphans)
             target.pending = sorted(set(target.pending) | set(ranks))
         found = [steps[c] for c in kept]
-        if orphans.ranks or orphans.copies or orphans.parities or orphans.pending:
+        if orphans.ranks or orphans.held or orphans.pending:
             found.append(orphans)
         for cs in found:
             cs.shared = len(kept) > 1

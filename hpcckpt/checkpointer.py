@@ -383,7 +383,7 @@ class Checkpointer:
         for it. If that background work failed, this checkpoint is still taken, and then its error
         is raised (a CheckpointWriteError whose ``info`` is this checkpoint's info)."""
         self._check_open()
-        if isinstance(state, str) and level is None:     # checkpoint(step, "pfs"): the level, as before state dicts
+        if isinstance(state, str) and level is None:     # checkpoint(step, level): the level, as before state dicts
             state, level = None, state
         if level is None:
             level = self._due[1] if self._due and self._due[0] == step and self._due[1] else self.config.level

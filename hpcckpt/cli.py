@@ -8,6 +8,7 @@ import sys
 
 from . import __version__, catalog, catalog_inspect, catalog_verify, lock
 from .errors import HpcCkptError
+from .levels.files import rank_ranges as _ranks
 from .state import STATE_ENTRY
 from .units import format_size as _size
 
@@ -22,9 +23,10 @@ def _warn_problems(cat, command):
 
 
 def _list_rows(cat):
-    """(sort key, row text) for every cache step and pfs step of a catalog. Rows of the same job,
-    step and place (cache or pfs) from separate trees under the directory end in the tree's path."""
-    rows = []                  # (sort key, row text, the tree the checkpoint is in)
+    """(sort key, row text) for every cache step of a catalog and every step a level keeps in its
+    own directories (pfs; its row as the level's files say). Rows of the same job, step and place
+    (cache, or the level's) from separate trees under the directory end in the tree's path."""
+    rows = []                  # (sort key, row text, the tree the checkpoint is in); key: (job, epoch, step, "" or level)
     for cs in catalog.cache_steps(cat):
         bad = [f for f in cs.ranks if f.error]
         if cs.reference:
@@ -44,32 +46,23 @@ def _list_rows(cat):
                 state += f"; uncommitted data of rank(s) {cs.pending[:8]}"
             text = (f"{cs.step:>10}  {m0.level:<8} {m0.epoch:>5}  {'cache':<5}  {m0.name:<16} "
                     f"{len(ranks):>4}/{m0.world_size:<4}  {_size(nbytes):>10}  {_when(m0.created):<19}  {state}")
-            key = (cs.job, m0.epoch, cs.step, 0)
+            key = (cs.job, m0.epoch, cs.step, "")
         else:
             state = f"{len(bad)} unreadable manifest(s)" if bad else "uncommitted (no manifest)"
             text = (f"{cs.step:>10}  {'-':<8} {'-':>5}  {'cache':<5}  {cs.job:<16} {'-':>9}  {'-':>10}  "
                     f"{'-':<19}  {state}")
-            key = (cs.job, 0, cs.step, 0)
+            key = (cs.job, 0, cs.step, "")
         found = cs.reference or cs.ranks          # job dirs: <tree>/<node dir>/<job>
         rows.append((key, text, os.path.commonpath([os.path.dirname(os.path.dirname(f.job_dir)) for f in found])
                      if found else None))
-    for p in cat.pfs:
-        ix = p.index
-        tree = os.path.dirname(p.job_dir)          # <pfs dir>/<job>
-        if ix is None:
-            state = ("being written, or abandoned by a crash (" + os.path.basename(p.path) + ")" if p.tmp
-                     else "uncommitted (no COMMITTED.json)" if not p.committed else f"unreadable index: {p.error}")
-            text = (f"{p.step:>10}  {'pfs':<8} {'-':>5}  {'pfs':<5}  {p.job:<16} {'-':>9}  {'-':>10}  "
-                    f"{'-':<19}  {state}")
-            rows.append(((p.job, 0, p.step, 1), text, tree))
-            continue
-        problems = catalog_verify.pfs_file_problems(p)
-        bad_files = {w.split(" ", 1)[0] for w in problems}
-        ranks = sum(1 for r in range(ix.world_size) if f"node_{ix.node_of[r]:06d}.h5" not in bad_files)
-        state = "committed" + (f"; {'; '.join(problems[:4])}" if problems else "")
-        text = (f"{p.step:>10}  {'pfs':<8} {ix.epoch:>5}  {'pfs':<5}  {ix.name:<16} {ranks:>4}/{ix.world_size:<4}  "
-                f"{_size(sum(ix.files.values())):>10}  {_when(ix.created):<19}  {state}")
-        rows.append(((p.job, ix.epoch, p.step, 1), text, tree))
+    for s in cat.stored:
+        r = s.files.row(s)
+        tree = os.path.dirname(s.job_dir)          # <level dir>/<job>
+        ranks = f"{r.ranks:>4}/{r.world_size:<4}" if r.world_size is not None else f"{'-':>9}"
+        text = (f"{s.step:>10}  {s.level:<8} {'-' if r.epoch is None else r.epoch:>5}  {s.level:<5}  {s.job:<16} "
+                f"{ranks}  {'-' if r.nbytes is None else _size(r.nbytes):>10}  "
+                f"{'-' if r.created is None else _when(r.created):<19}  {r.state}")
+        rows.append(((s.job, r.epoch or 0, s.step, s.level), text, tree))
     same = collections.Counter((job, step, where) for (job, _, step, where), _, _ in rows)
     rows = [(key, text + (f"; in {os.path.relpath(tree, cat.root)}" if tree and same[(key[0], key[2], key[3])] > 1
                           else "")) for key, text, tree in rows]
@@ -112,20 +105,20 @@ def cmd_verify(args):
     findings, counts = catalog_verify.check(cat, partial=args.partial, verbose=args.verbose)
     for f in findings:
         print(f)
-    running = lock.running_jobs([f.job_dir for f in cat.found] + [s.job_dir for s in cat.pfs])
+    running = lock.running_jobs([f.job_dir for f in cat.found] + [s.job_dir for s in cat.stored])
     if running:
         print(f"note: a job is running here ({running[0]}{f' and {len(running) - 1} more' if len(running) > 1 else ''}):"
               " steps it is writing or retiring now may show as MISSING or DAMAGED; verify again once it has ended")
     parts = []
     if counts["files"]:
         parts.append(f"cache: {counts['intact']} of {counts['files']} files intact")
-    if counts["pfs"]:
-        parts.append(f"pfs: {counts['pfs_intact']} of {counts['pfs']} steps intact")
+    for level in sorted({key[1] for key in counts if isinstance(key, tuple)}):
+        parts.append(f"{level}: {counts[('intact', level)]} of {counts[('steps', level)]} steps intact")
     if counts["missing"]:
         parts.append(f"{counts['missing']} rank part(s) MISSING")
     if counts["damaged"]:
         parts.append(f"{counts['damaged']} DAMAGED")
-    if not parts:         # only notes: data that never committed, pfs steps being written
+    if not parts:         # only notes: data that never committed, a level's steps being written
         print(f"hpcckpt verify: no committed checkpoint under {args.dir}", file=sys.stderr)
         return 2
     print("; ".join(parts))
@@ -189,54 +182,12 @@ def _inspect_cache(cs, step):
     return damaged
 
 
-def _ranks(ranks):
-    """'0-3, 5' for a sorted list of ranks."""
-    out, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ", ".join(out)
-
-
-def _inspect_pfs(p):
-    """Print one pfs step; return True when damage was seen."""
-    ix = p.index
-    if ix is None:
-        print(f"pfs step {p.step} ({p.path}): {p.error}")
-        return p.committed and not p.tmp
-    nnodes = len(ix.files)
-    print(f"job {ix.name!r}, step {ix.step}, epoch {ix.epoch}, level pfs ({p.path}), written by {ix.world_size} "
-          f"ranks on {nnodes} node(s); {_size(sum(ix.files.values()))} in {nnodes} node file(s)")
-    problems = catalog_verify.pfs_file_problems(p)
-    for w in problems:
-        print(f"  {w}")
-    print(f"{'array':<20} {'dtype':<6} {'layout':<11} shape")
-    for e in ix.arrays:
-        if e.name == STATE_ENTRY:           # the state dict's document: its keys are listed below
-            continue
-        if e.global_shape is not None:
-            shape = f"{e.global_shape} global, in {len(e.holders())} block(s)"
-        else:
-            by_shape = collections.defaultdict(list)
-            for r in e.holders():
-                by_shape[e.blocks[r].shape].append(r)
-            shapes = [f"{s} on rank{'s' if len(rs) > 1 else ''} {_ranks(rs)}" for s, rs in by_shape.items()]
-            shape = "; ".join(shapes[:8]) + (f"; … ({len(shapes)} shapes)" if len(shapes) > 8 else "")
-        print(f"{e.name:<20} {e.dtype:<6} {e.layout:<11} {shape}")
-    if ix.state_keys:
-        print("state dict keys: " + ", ".join(f"{k} ({v})" for k, v in ix.state_keys.items()))
-    return bool(problems)
-
-
 def cmd_inspect(args):
     cat = catalog.scan(args.dir).only_step(args.step)
     _warn_problems(cat, "inspect")
     steps = [cs for cs in catalog.cache_steps(cat) if cs.ranks]
-    pfs = [p for p in cat.pfs if not p.tmp]
-    if not steps and not pfs:
+    stored = [shown for s in cat.stored if (shown := s.files.inspect(s)) is not None]
+    if not steps and not stored:
         print(f"hpcckpt inspect: no step {args.step} under {args.dir}", file=sys.stderr)
         return 2
     damaged = bool(cat.problems)
@@ -246,11 +197,12 @@ def cmd_inspect(args):
             print()
         first = False
         damaged |= _inspect_cache(cs, args.step)
-    for p in pfs:
+    for lines, bad in stored:
         if not first:
             print()
         first = False
-        damaged |= _inspect_pfs(p)
+        print("\n".join(lines))
+        damaged |= bad
     return 1 if damaged else 0
 
 
@@ -327,7 +279,30 @@ def _negative_values_joined(argv):
     return out
 
 
+def _without_mpi_init(argv):
+    """The commands ask the registered levels (their names; list/verify/inspect their files,
+    levels/files.py), and the level modules import mpi4py: a command that is a process of its own
+    (on a login node) and not an MPI job (cli_slurm.MPI_COMMANDS) imports mpi4py.MPI without
+    MPI_Init (which may need a launcher there) nor MPI_Finalize."""
+    from .cli_slurm import MPI_COMMANDS
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command in MPI_COMMANDS or "mpi4py.MPI" in sys.modules:
+        return
+    try:
+        import mpi4py
+    except ImportError:
+        return          # the registry says which level module cannot be imported
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = False
+
+
 def main(argv=None):
+    """The command. ``argv`` None: this process is the command (the ``hpcckpt`` script,
+    ``python -m hpcckpt``), its arguments in sys.argv; it then never initializes MPI, unless it
+    is an MPI job (scavenge). Called with ``argv`` from a program, MPI is the program's:
+    initialized on first use, as mpi4py does by default."""
+    if argv is None:
+        _without_mpi_init(sys.argv[1:])
     parser = build_parser()
     args = parser.parse_args(_negative_values_joined(sys.argv[1:] if argv is None else list(argv)))
     if not getattr(args, "func", None):

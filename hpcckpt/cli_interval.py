@@ -31,7 +31,7 @@ def _parse_level(text):
 
 
 def _levels(args):
-    """(costs, mtbfs) from --level or from --cost/--mtbf (then a single level 'pfs')."""
+    """(costs, mtbfs) from --level or from --cost/--mtbf (then a single level: the most resilient)."""
     if args.level:
         if args.cost is not None or args.mtbf is not None:
             raise HpcCkptError("give either --cost/--mtbf or --level, not both")
@@ -53,7 +53,7 @@ def _levels(args):
     mtbf = parse_duration(args.mtbf, "--mtbf")
     if cost <= 0 or mtbf <= 0:
         raise HpcCkptError("--cost and --mtbf must be > 0")
-    return {"pfs": cost}, {"pfs": mtbf}
+    return {LEVELS[-1]: cost}, {LEVELS[-1]: mtbf}
 
 
 def _fmt(seconds):

@@ -16,6 +16,8 @@ import sys
 from .errors import HpcCkptError
 from .units import parse_duration
 
+MPI_COMMANDS = ("scavenge",)       # run as an MPI job: MPI is initialized in the command's process
+
 
 def add_subcommands(subparsers):
     """Register `run` and `scavenge` on the main parser's subparsers."""

@@ -1,7 +1,8 @@
 """Config: a frozen dataclass and its layered loader (local, pure apart from reading a file).
 
 Precedence: defaults < TOML file < ``HPCCKPT_<KEY>`` environment variables < keyword arguments.
-Unknown keys are an error wherever they come from.
+Unknown keys are an error wherever they come from. A level's own settings (levels/options.py) are
+a table per level (``[rs]``) and ``HPCCKPT_<LEVEL>_<KEY>``, layered the same way.
 """
 import dataclasses
 import fcntl
@@ -20,7 +21,8 @@ except ModuleNotFoundError:  # Python < 3.11
 from .errors import ConfigError
 from .units import parse_duration, parse_size
 
-from .levels.registry import LEVELS  # noqa: E402 - one definition of the level names
+from .levels import options
+from .levels.registry import LEVELS, MODULES_ENV  # noqa: E402 - one definition of the level names
 POLICIES = ("auto", "fixed", "young", "daly", "multilevel")
 WRITE_METHODS = ("mmap", "pwrite")       # how the local level writes its data files (data_file.write_arrays)
 STARTS = ("resume", "fresh")             # what restart() does: restore the newest checkpoint, or none
@@ -78,25 +80,37 @@ class Config:
     abort_on_error: bool = True         # MPI_Abort when an exception leaves the block on some ranks only
     stall_timeout: float = 600.0        # seconds a wait inside an hpcckpt call may last before it is reported; 0: off
     stall_action: str = "warn"          # after reporting a stall: "warn" (go on waiting) or "abort" (MPI_Abort)
+    level_settings: Any = None          # {level: {key: value}}: the levels' settings without a flat key
+                                        # (levels/options.py); None: their defaults
 
     @classmethod
     def load(cls, config=None, environ=None, **overrides):
-        """Layer defaults < file/dict/Config < environment < overrides; validate; return a Config."""
+        """Layer defaults < file/dict/Config < environment < overrides (in each, flat keys and the
+        levels' own settings: levels/options.py); validate; return a Config."""
         environ = os.environ if environ is None else environ
-        values = {}
+        layers = []
         if isinstance(config, Config):
-            values.update(config.as_dict())
+            layer = options.Layer("the Config")
+            layer.flat = config.as_dict()
+            layer.own = layer.flat.pop("level_settings") or {}
+            layers.append(layer)
         elif isinstance(config, dict):
-            values.update(_check_keys(config, "config dict"))
+            layers.append(_layer(config, "config dict"))
         elif isinstance(config, (str, os.PathLike)):
-            values.update(_check_keys(_read_toml(config), f"config file {os.fspath(config)!r}"))
+            layers.append(_layer(_read_toml(config), f"config file {os.fspath(config)!r}"))
         elif config is not None:
             raise ConfigError(f"config must be a TOML path, a dict or a Config, not {type(config).__name__}")
-        values.update(_from_environ(environ))
-        values.update(_check_keys(overrides, "keyword arguments"))
+        layers.append(_from_environ(environ))
+        layers.append(_layer(overrides, "keyword arguments"))
+        values, own = {}, {}
+        for layer in layers:
+            values.update(layer.flat)
+            for name, table in layer.own.items():
+                own.setdefault(name, {}).update(table)
         if not values.get("cache_dir"):
             values["cache_dir"] = default_cache_dir(environ)
-        return cls(**{k: _parse_value(k, v) for k, v in values.items()})._validated()
+        return cls(**{k: _parse_value(k, v) for k, v in values.items()},
+                   level_settings=options.own_values(own))._validated()
 
     @property
     def direct_io(self):
@@ -106,18 +120,21 @@ class Config:
         return self.pfs_direct_io is True or (self.pfs_direct_io == "auto" and not self.reuse_files)
 
     def level_options(self, name):
-        """Local: {key: value} of the settings level ``name`` declares (levels/options.py)."""
+        """Local: {key: value} of the settings level ``name`` declares (levels/options.py): a
+        setting with a flat key from that field, the others from ``level_settings``."""
         from .levels.registry import level_class
-        return {key: getattr(self, s.flat) if s.flat else s.default for key, s in level_class(name).settings.items()}
+        own = (self.level_settings or {}).get(name, {})
+        return {key: getattr(self, s.flat) if s.flat else own.get(key, s.default)
+                for key, s in level_class(name).settings.items()}
 
     def as_dict(self):
-        """The fields as a plain dict."""
+        """The fields as a plain dict; ``level_settings`` holds the levels' settings that have no
+        flat key (the settings digest compares it between ranks)."""
         return dataclasses.asdict(self)
 
     def replace(self, **changes):
-        """A copy with some fields changed (validated)."""
-        _check_keys(changes, "replace()")
-        return dataclasses.replace(self, **{k: _parse_value(k, v) for k, v in changes.items()})._validated()
+        """A copy with some settings changed, as keyword arguments of ``load`` (validated)."""
+        return Config.load(self, environ={}, **changes)
 
     def _validated(self):
         if not _NAME_RE.match(self.name) or ".." in self.name:
@@ -157,7 +174,7 @@ class Config:
         return self
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != "level_settings"}   # the flat keys
 _FAULT_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGTRAP", "SIGSYS")
 _INT_KEYS = ("group_size", "rs_parity", "keep", "incremental_full_every")
 _BOOL_KEYS = ("reuse_files", "cache_fsync", "async_flush", "background", "abort_on_error", "incremental")
@@ -167,12 +184,14 @@ _STR_KEYS = ("name", "cache_dir", "pfs_dir", "level", "policy", "write_method", 
 _TABLE_KEYS = ("schedule", "level_mtbf")
 
 
-def _check_keys(mapping, where):
-    unknown = sorted(set(mapping) - set(_FIELDS))
+def _layer(mapping, where):
+    """The options.Layer of a file, a dict or keyword arguments: flat keys and level tables."""
+    unknown = sorted(str(k) for k, v in mapping.items() if k not in _FIELDS and not isinstance(v, dict)
+                     and k not in LEVELS)
     if unknown:
-        raise ConfigError(f"unknown config key(s) in {where}: {', '.join(map(str, unknown))}; "
-                          f"known keys: {', '.join(_FIELDS)}")
-    return dict(mapping)
+        raise ConfigError(f"unknown config key(s) in {where}: {', '.join(unknown)}; "
+                          f"known keys: {', '.join(_FIELDS)}, and a table per level")
+    return options.split(mapping, where, _FIELDS)
 
 
 def _read_toml(path):
@@ -224,20 +243,27 @@ def _file_kind(mode):
     return "another kind of file"
 
 
-TOOL_VARIABLES = ("HPCCKPT_MPI", "HPCCKPT_VENV", "HPCCKPT_VENV_OPENMPI")   # run.sh's, not configuration keys
+TOOL_VARIABLES = ("HPCCKPT_MPI", "HPCCKPT_VENV", "HPCCKPT_VENV_OPENMPI",   # run.sh's, not configuration keys
+                  MODULES_ENV)                                               # the plug-in level modules
 
 
 def _from_environ(environ):
-    values = {}
+    layer = options.Layer("the environment")
     for var, text in environ.items():
         if not var.startswith(ENV_PREFIX) or var in TOOL_VARIABLES:
             continue
         key = var[len(ENV_PREFIX):].lower()
-        if key not in _FIELDS:
+        found = options.environ_setting(key, _FIELDS)
+        if key in _FIELDS:
+            layer.put(key, _env_text(key, text, var), var)
+        elif found is not None:
+            level, name, setting = found
+            value = _env_text(setting.flat, text, var) if setting.flat else setting.from_text(text, var)
+            layer.put_level(level, name, setting, value, var)
+        else:
             raise ConfigError(f"unknown config key in environment variable {var}; "
-                              f"known keys: {', '.join(_FIELDS)}")
-        values[key] = _env_text(key, text, var)
-    return values
+                              f"known keys: {', '.join(_FIELDS)}, and HPCCKPT_<LEVEL>_<KEY> of a level's settings")
+    return layer
 
 
 def _env_text(key, text, var):

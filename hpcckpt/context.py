@@ -49,10 +49,12 @@ class Context:
 
     def level_comm(self):
         """Collective (first call with ``background``): the levels' communicator: with
-        ``background`` a duplicate of its own, so that the background thread never shares one
+        ``background`` the background thread's duplicate, so that the thread never shares one
         with the caller."""
-        if not self.config.background:
-            return self.comm
+        return self.background_comm() if self.config.background else self.comm
+
+    def background_comm(self):
+        """Collective (first call): the duplicate the background thread's agreements use."""
         if self.bg_comm is None:
             self.bg_comm = self.comm.Dup()
         return self.bg_comm

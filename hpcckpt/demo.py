@@ -16,6 +16,7 @@ import tempfile
 import time
 
 from . import mpi_launch
+from .levels.registry import LEVELS
 
 
 # ---------------------------------------------------------------------------- the application
@@ -85,7 +86,7 @@ def heat_app(argv=None):
     step_done = np.full((), -1, np.int64)
 
     rpn = a.ranks_per_node if a.ranks_per_node == "auto" else int(a.ranks_per_node)
-    schedule = {"local": a.every} if a.every > 0 else {"local": 10 ** 9}
+    schedule = {LEVELS[0]: a.every if a.every > 0 else 10 ** 9}      # the cheapest level
     with hpcckpt.Checkpointer(comm, name="heat", cache_dir=a.cache, ranks_per_node=rpn,
                               schedule=schedule) as ckpt:
         ckpt.protect("temperature", u[1:-1], global_shape=(a.nx, a.ny), offset=(row0, 0))
@@ -134,7 +135,7 @@ def heat_online_app(a):
     def recovered(r):
         print(f"RECOVERED {json.dumps([r.restarted_from, r.seconds, list(r.lost)])}", flush=True)
 
-    schedule = {"local": a.every} if a.every > 0 else {"local": 10 ** 9}
+    schedule = {LEVELS[0]: a.every if a.every > 0 else 10 ** 9}
     out = online.run(MPI.COMM_WORLD, init, step, a.steps, spares=a.online_spares, name="heat", cache_dir=a.cache,
                      ranks_per_node=rpn, schedule=schedule,
                      on_recovery=lambda r: recovered(r) if r.replaced_by and out_rank0() else None)

@@ -24,6 +24,7 @@ import uuid
 import weakref
 
 from .errors import HpcCkptError
+from .levels import registry
 from .levels.registry import LEVELS
 from .units import format_size
 
@@ -31,12 +32,17 @@ log = logging.getLogger("hpcckpt")
 
 VERSION = 1
 KINDS = ("start", "checkpoint", "background", "restart", "fallback", "failure")
-SOURCES = ("cache", "partner", "xor", "rs", "pfs")
 MESSAGE_MAX = 2000          # characters of an error message or a fallback's reason kept in an event
 
 
 class EventsFormatError(HpcCkptError):
     """A line of an events file that is not an event of a known schema version."""
+
+
+def sources():
+    """Local: what a restart's ``source`` may be: ``cache`` (every rank's own), a redundant level
+    (some ranks rebuilt from it), a level that restores directly (registry)."""
+    return ("cache", *registry.redundant(), *registry.restoring())
 
 
 # ---------------------------------------------------------------------- the INFO lines (pure)
@@ -55,13 +61,13 @@ def checkpoint_line(step, level, nbytes, seconds, follows=None, before=None):
 
 def restart_line(step, level, source, own, rebuilt, seconds):
     """The INFO line of one restart: where the ranks' data came from, and how long it took."""
-    if source == "pfs":
-        where = f"read from pfs on {own + rebuilt} rank{'s' if own + rebuilt != 1 else ''}"
+    if source in registry.restoring():
+        where = f"read from {source} on {own + rebuilt} rank{'s' if own + rebuilt != 1 else ''}"
     else:
         where = f"own cache on {own} rank{'s' if own != 1 else ''}"
         if rebuilt:
-            what = "partner copies" if source == "partner" else f"{source} parity"
-            where += f", rebuilt from {what} on {rebuilt}"
+            cls = registry.classes().get(source)
+            where += f", rebuilt from {source} {cls.keeps if cls is not None else 'copies'} on {rebuilt}"
     return f"restarted from step {step} ({level or 'level unknown'}): {where}; {seconds:.3f} s"
 
 
@@ -114,9 +120,9 @@ class EventLog:
 
     # notes from inside the restore protocol (local; every rank may call them)
     def restored(self, step, level, data_ok=None, direct=False):
-        """Local: ``step`` (of ``level``) is being restored: from the level's own copy
-        (``direct``: pfs), or from the node caches, ``data_ok`` (one bool per rank: its own cache
-        verified) when a rebuild happened."""
+        """Local: ``step`` (of ``level``) is being restored: ``direct``ly by that level (one that
+        keeps a copy of its own), or from the node caches, ``data_ok`` (one bool per rank: its own
+        cache verified) when a rebuild happened."""
         if direct:
             self._restored = (step, level, level, self.size, 0)
         elif data_ok is None:
@@ -298,7 +304,7 @@ def parse_line(text, where):
         raise EventsFormatError(f"{where}: schema version {v}, expected {VERSION}")
     if event["event"] in ("checkpoint", "background") and event["level"] not in LEVELS:
         raise EventsFormatError(f"{where}: unknown level {event['level']!r}")
-    if event["event"] == "restart" and event["source"] not in SOURCES:
+    if event["event"] == "restart" and event["source"] not in sources():
         raise EventsFormatError(f"{where}: unknown restart source {event['source']!r}")
     return event
 

@@ -333,6 +333,19 @@ def parse_step_dir_name(name):
     return step if step <= MAX_STEP and step_dir_name(step) == name else None
 
 
+def held_dir_name(rank):
+    """The folder of a step directory where rank ``rank`` keeps what levels hold for others."""
+    return f"held_{rank:06d}"
+
+
+def parse_held_dir_name(name):
+    """The rank of a held folder's name (held_dir_name's), or None for any other name."""
+    digits = name[5:]
+    if not name.startswith("held_") or not digits.isascii() or not digits.isdigit():
+        return None
+    return int(digits)
+
+
 def data_file_name(rank):
     return f"rank_{rank:06d}.dat"
 

@@ -60,7 +60,7 @@ class Policy:
     kind: "auto" ("daly" if mtbf or level_mtbf is given, else "fixed"), "fixed", "young", "daly"
     or "multilevel". mtbf: system MTBF (seconds or duration string). level_mtbf: {level: MTBF of
     the failures for which that level is the cheapest able to recover}. schedule (fixed only):
-    {level: ("steps", n) | ("seconds", s) | int steps | duration string}. levels: enabled levels.
+    {level: ("steps", n) | ("seconds", s) | int steps | duration string}. levels: enabled levels (default: the cheapest).
     end_time: epoch seconds of the job's end, or None. final_level: the level of the checkpoint
     taken before end_time (default: pfs if enabled, else the most resilient enabled level; it
     may be a level outside ``levels``, whose costs are then recorded for this use only).
@@ -76,10 +76,11 @@ class Policy:
     ``now=`` arguments of the methods are readings of ``clock``, ``wall=`` of ``wall_clock``.
     """
 
-    def __init__(self, *, kind="auto", mtbf=None, level_mtbf=None, schedule=None, levels=("local",),
+    def __init__(self, *, kind="auto", mtbf=None, level_mtbf=None, schedule=None, levels=None,
                  end_time=None, exit_safety=2.0, final_level=None, clock=None, wall_clock=None):
         if kind not in KINDS:
             raise ConfigError(f"policy: unknown kind {kind!r}; use one of {', '.join(KINDS)}")
+        levels = LEVELS[:1] if levels is None else levels          # None: the cheapest level
         if not levels:
             raise ConfigError("policy: at least one checkpoint level must be enabled")
         self.levels = tuple(ordered_levels(levels))
@@ -132,7 +133,7 @@ class Policy:
         self.exit_safety = exit_safety
         if final_level is not None and final_level not in LEVELS:
             raise ConfigError(f"final_level: unknown level {final_level!r}; use {', '.join(LEVELS)}")
-        self.final_level = final_level or ("pfs" if "pfs" in self.levels else self.levels[-1])
+        self.final_level = final_level or self.levels[-1]      # the most resilient of its levels
         self.measured_levels = tuple(ordered_levels(set(self.levels) | {self.final_level}))
         if clock is None:
             clock, wall_clock = time.monotonic, (time.time if wall_clock is None else wall_clock)

@@ -4,8 +4,9 @@ A job relaunched on a different set or order of hosts (``hpcckpt run --exclude-f
 when the first node failed: the remaining nodes move up one place; an allocation whose node
 order changed) runs its ranks on other hosts than the ones whose node-local directories hold
 their files. Each rank's files are its own data (``step_*/rank_<R>.*``) and what it holds for
-others as a partner or parity holder (``step_*/held_<R>/``); they belong on the host that now
-runs rank R. ``relocate`` finds such files and sends them there over MPI before the restart
+others in its held folder (``step_*/held_<R>/``: the files a level says are its there,
+``LevelFiles.held_file``, levels/files.py: partner copies, parity); they belong on the host that
+now runs rank R. ``relocate`` finds such files and sends them there over MPI before the restart
 looks for checkpoints, so that the restart and the redundancy levels' rebuild find them where
 they look, whatever the hosts' order.
 
@@ -39,12 +40,12 @@ from . import manifest as mf, storage
 from .comm import Collective, agree, signals_deferred
 from .config import expand_cache_dir
 from .errors import CheckpointWriteError, CorruptCheckpointError, HpcCkptError
+from .levels.files import held_file
 from .levels.local import Found, step_dirs
 
 log = logging.getLogger("hpcckpt")
 
 RANK_FILE = re.compile(r"^rank_(\d{6})\.")
-HELD_DIR = re.compile(r"^held_(\d{6})$")
 CHUNK = 16 << 20
 TAG_LIST, TAG_WANTED, TAG_DATA, TAG_STATUS = 7301, 7304, 7302, 7303
 TEMP_SUFFIX = ".relocating"
@@ -146,9 +147,9 @@ def _foreign_files(cfg, topology, host_ranks):
             for e in entries:
                 try:
                     is_file = e.is_file(follow_symlinks=False)
-                    m = RANK_FILE.match(e.name) if is_file else \
-                        HELD_DIR.match(e.name) if e.is_dir(follow_symlinks=False) else None
-                    q = int(m.group(1)) if m else None
+                    m = RANK_FILE.match(e.name) if is_file else None
+                    q = int(m.group(1)) if m else \
+                        mf.parse_held_dir_name(e.name) if e.is_dir(follow_symlinks=False) else None
                     if q is None or q in host_ranks or e.name.endswith(TEMP_SUFFIX):
                         continue
                     if q not in layout:
@@ -183,10 +184,11 @@ def _other_layout(path, step, q, cfg, topology, placement):
 
 
 def _held_files(path):
+    """Local: [(path, size)] of the files in held folder ``path`` that a level keeps there
+    (levels/files.held_file; not an interrupted move's leftover)."""
     try:
         return [(e.path, e.stat(follow_symlinks=False).st_size) for e in os.scandir(path)
-                if e.is_file(follow_symlinks=False) and not e.name.startswith(".")
-                and not e.name.endswith(TEMP_SUFFIX)]        # an interrupted move's leftover
+                if e.is_file(follow_symlinks=False) and held_file(e.name) and not e.name.endswith(TEMP_SUFFIX)]
     except OSError:
         return []
 
@@ -323,7 +325,7 @@ def _epoch(path):
 def _remove_rank_step(step_dir, rank):
     """Local: remove ``rank``'s files from ``step_dir`` (its data, its manifest, what it holds
     for others), except the temporary files of the move that replaces them."""
-    held = os.path.join(step_dir, f"held_{rank:06d}")
+    held = os.path.join(step_dir, mf.held_dir_name(rank))
     for d in (step_dir, held):
         try:
             names = os.listdir(d)
@@ -343,6 +345,6 @@ def _remove_sent(files):
     for path, _, _ in files:
         storage.remove_file(path)
         d = os.path.dirname(path)
-        dirs.update((d, os.path.dirname(d)) if HELD_DIR.match(os.path.basename(d)) else (d,))
+        dirs.update((d, os.path.dirname(d)) if mf.parse_held_dir_name(os.path.basename(d)) is not None else (d,))
     for d in sorted(dirs, key=len, reverse=True):
         storage.remove_dir_if_empty(d)

@@ -10,10 +10,18 @@ the MTBF (dashed).
 import statistics
 
 from .interval import daly
+from .levels.registry import LEVELS
 from .report import observed_intervals, running_costs
 
-STYLE = {"local": ("tab:blue", "o"), "partner": ("tab:orange", "s"), "xor": ("tab:green", "^"),
-         "rs": ("tab:purple", "D"), "pfs": ("tab:brown", "v")}
+COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan",
+          "tab:gray")           # no red: restarts and failures are red
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")
+
+
+def style(level):
+    """(colour, marker) of ``level``, by its place in LEVELS (cheapest first)."""
+    i = LEVELS.index(level)
+    return COLORS[i % len(COLORS)], MARKERS[i % len(MARKERS)]
 
 
 def available():
@@ -47,7 +55,7 @@ def plot(s, path):
     bg = {(e["run"], e["step"]): e["seconds"] for e in s.events if e["event"] == "background"}
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     for lv in s.levels:
-        color, marker = STYLE[lv]
+        color, marker = style(lv)
         mine = [e for e in ckpts if e["level"] == lv]
         top.plot([x(e["t"]) for e in mine], [e["seconds"] for e in mine], marker, color=color, ms=6, ls="none",
                  label=f"{lv} ({len(mine)}, median {statistics.median(e['seconds'] for e in mine):.3g} s)")
@@ -77,7 +85,7 @@ def plot(s, path):
 
     drawn = False
     for lv, lc in s.levels.items():
-        color, marker = STYLE[lv]
+        color, marker = style(lv)
         pts = observed_intervals(ckpts, lv, with_times=True)
         if pts:
             bottom.plot([x(t) for t, _ in pts], [v for _, v in pts], marker, color=color, ms=5, ls="none",

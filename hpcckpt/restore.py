@@ -318,8 +318,9 @@ def _try_levels(ctx, levels, step, key, offered, state, any_rank_count=False):
         if not c.result[0]:
             continue
         try:
-            lv.restore(step, [(n, p.array, ctx.layouts.get(n, p.layout)) for n, p in ctx.arrays.items()], state,
-                       ctx.layouts)
+            with Collective(ctx.comm, f"restoring step {step} from the {lv.name} level"):
+                lv.restore(step, [(n, p.array, ctx.layouts.get(n, p.layout)) for n, p in ctx.arrays.items()],
+                           state, ctx.layouts)
         except CorruptCheckpointError as e:
             if ctx.rank == 0:
                 log.warning("%s step %d cannot be restored (%s); falling back to an older checkpoint", lv.name, step, e)

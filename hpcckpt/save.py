@@ -31,6 +31,7 @@ from .codecs.checksum import digest
 from .comm import U64_MAX, Collective, explain, mark_collective, reduce_sum_max
 from .errors import CheckpointWriteError, HpcCkptError, IncompatibleCheckpointError, ProtectError
 from .levels import registry
+from .levels.local import LocalLevel
 from .protected import dropped, dropped_message
 
 log = logging.getLogger("hpcckpt")
@@ -89,7 +90,8 @@ def checkpoint(ctx, step, state, level):
     ctx.last_step = step
     if ctx.clear_others and not ctx.committed:
         for other in ctx.restoring_levels():
-            other.clear_earlier(ctx.epoch)
+            with Collective(ctx.comm, f"removing the {other.name} checkpoints of earlier runs"):
+                other.clear_earlier(ctx.epoch)
     ctx.committed = True
 
     # 6. the rest in the background, or a non-redundant level's protect now (the pfs flush)
@@ -97,14 +99,16 @@ def checkpoint(ctx, step, state, level):
         background.start(ctx, manifest, lv)
     elif not lv.redundant and _defines(lv, "protect"):
         try:
-            background.protect(lv, manifest, pending)
-            lv.retire(manifest, ctx.clear_others and ctx.committed)
+            with Collective(ctx.comm, f"the {level} copy of checkpoint {step}"):
+                background.protect(lv, manifest, pending)
+                lv.retire(manifest, ctx.clear_others and ctx.committed)
         except HpcCkptError:
             _report_lost_flush(ctx, flush_error)
             raise
         seconds = reduce_sum_max(ctx.comm, 0, time.perf_counter() - t0)[1]
     elif _defines(lv, "retire"):
-        lv.retire(manifest, ctx.clear_others and ctx.committed)
+        with Collective(ctx.comm, f"retiring at the {level} level after checkpoint {step}"):
+            lv.retire(manifest, ctx.clear_others and ctx.committed)
     info = CheckpointInfo(step, level, nbytes, seconds)
 
     if ctx.stopping and level == ctx.final_level:
@@ -127,11 +131,12 @@ def _write_and_commit(ctx, lv, step, ckpt_id, state, t0, later):
     work): a redundant level's step is committed as a local one; the background work commits it
     at its level once its protect is complete. An error here discards what the level prepared."""
     items = pending = None
-    if not later and lv.prepares():
-        with Collective(ctx.comm, f"checkpoint {step}: the arrays and state"):
-            items, replicated_items = _items(ctx, state)
-        pending = lv.prepare(step, ckpt_id, items, ctx.epoch, _state_keys_of(ctx, state))
     try:
+        if not later and lv.prepares():
+            with Collective(ctx.comm, f"checkpoint {step}: the arrays and state"):
+                items, replicated_items = _items(ctx, state)
+            with Collective(ctx.comm, f"checkpoint {step}: preparing the {lv.name} level"):
+                pending = lv.prepare(step, ckpt_id, items, ctx.epoch, _state_keys_of(ctx, state))
         # 3-4. write this rank's data, then agree that every rank did (and that replicated
         # values are equal everywhere: the min and max of their digest, in the same reduction)
         with Collective(ctx.comm, f"writing checkpoint {step}") as c:
@@ -157,7 +162,7 @@ def _write_and_commit(ctx, lv, step, ckpt_id, state, t0, later):
         if lv.redundant:
             ctx.warn_placement((lv.name,))
             if later:
-                committed = dataclasses.replace(manifest, level="local")
+                committed = dataclasses.replace(manifest, level=LocalLevel.name)
             else:
                 with Collective(ctx.comm, f"encoding checkpoint {step} ({lv.name})"):
                     committed = background.protect(lv, manifest)
@@ -409,6 +414,7 @@ def scavenge(ctx):
             log.warning("scavenge: step %d cannot be verified on every rank; nothing copied", step)
         return None
     ctx.epoch = mf.split_key(key)[0]
-    background.protect(target, manifest)
-    target.retire(manifest, ctx.clear_others and ctx.committed)
+    with Collective(ctx.comm, f"scavenge: the {target.name} copy of step {step}"):
+        background.protect(target, manifest)
+        target.retire(manifest, ctx.clear_others and ctx.committed)
     return step

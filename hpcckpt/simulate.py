@@ -9,9 +9,10 @@ The model (all times in seconds):
   covers the lower ones). No checkpoint is written when the work is done. Nested periods
   (integer multiples) give the patterns of interval.multilevel_plan().
 - Failures of each class arrive as an independent renewal process (exponential, or Weibull with
-  a shape) with the class's MTBF. A class needs a level: "process" crashes are survived by
-  "local" and above, "node" losses by "partner" and above, "system" failures only by "pfs"
-  (FAILURE_CLASSES); a level name can also be used as the class. A failure of class k destroys
+  a shape) with the class's MTBF. A class needs a level: the classes are "process", "node" and
+  "system", each survived by the levels that declare it or a wider one (``Level.survives``; with
+  the built-in levels: local and above, partner and above, pfs), and needs the cheapest of them
+  (failure_classes()); a level name can also be used as the class. A failure of class k destroys
   the checkpoints of the levels below the cheapest enabled level surviving it and rolls back to
   the newest checkpoint that survives; if none does, to the start (progress 0). The start counts
   as a checkpoint of the most resilient enabled level (the inputs are on the PFS).
@@ -33,14 +34,18 @@ import numpy as np
 
 from .errors import ConfigError, HpcCkptError
 from .interval import LEVELS, daly, multilevel_periods, ordered_levels, young
+from .levels.registry import cheapest_surviving
 
 try:  # numba is a dependency; the pure-Python loop is kept as a fallback
     from numba import njit as _njit
 except ImportError:  # pragma: no cover
     _njit = None
 
-FAILURE_CLASSES = {"process": "local", "node": "partner", "system": "pfs"}
-"""Failure class -> cheapest level that survives it."""
+
+def failure_classes():
+    """Failure class -> the cheapest registered level that survives it (``Level.survives``)."""
+    return cheapest_surviving()
+
 
 _BLOCK = 256          # failure times are drawn per class in blocks of this size (prefix-stable)
 _MAX_SLOWDOWN = 200.0  # give up when the wall time would exceed this many times the work
@@ -183,10 +188,10 @@ def _needs_index(name, spec):
         mtbf, needs = spec
     else:
         mtbf = spec
-        needs = FAILURE_CLASSES.get(name, name)
+        needs = failure_classes().get(name, name)
     if needs not in LEVELS:
         raise ConfigError(f"failure class {name!r}: unknown; use one of "
-                          f"{', '.join(FAILURE_CLASSES)} or a level name, or give (mtbf, level)")
+                          f"{', '.join(failure_classes())} or a level name, or give (mtbf, level)")
     try:
         m = float(mtbf)
     except (TypeError, ValueError):
@@ -331,7 +336,7 @@ def simulate(work, periods, costs, failures, *, restarts=None, downtime=0.0, dis
 
     work: compute seconds needed. periods: {level: compute seconds between checkpoints covering
     it} (math.inf: never on its own). costs / restarts: {level: seconds} (restarts default to the
-    costs). failures: {class: mtbf seconds} with classes from FAILURE_CLASSES or level names, or
+    costs). failures: {class: mtbf seconds} with classes from failure_classes() or level names, or
     {name: (mtbf, level)}. distribution "exponential" or "weibull" (with ``shape``; the scale is
     chosen so the mean is the MTBF). downtime: seconds added to every restart. scratch_restart:
     cost of restarting from the start (default: restart cost of the most resilient level).

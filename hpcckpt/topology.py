@@ -97,7 +97,7 @@ def encoding_groups(node_of, group_size):
     Ranks with the same index within their node form a band (one rank per node); each band is cut
     into groups of ``group_size``; a last piece too small to protect itself (one rank) joins the
     previous group of its band, or else any group without a rank on its node. A rank that fits
-    nowhere stays alone (unprotected; the Checkpointer warns). Any rank count works.
+    nowhere stays alone (unprotected; the level's placement_warnings says so). Any rank count works.
     """
     seen, local = {}, []
     for r, n in enumerate(node_of):
@@ -121,43 +121,3 @@ def encoding_groups(node_of, group_size):
             groups.append([r])
     return [sorted(g) for g in groups]
 
-
-def survivability_warnings(node_of, group_size, rs_parity, *, levels=("partner", "xor", "rs")):
-    """Plain-language warnings about what the redundancy levels in ``levels`` cannot survive here.
-
-    ``levels``: the levels the job uses; only partner, xor and rs are looked at ("local" and "pfs"
-    may be passed and are ignored), so a job without them gets no warning. Local, pure.
-    """
-    levels = tuple(levels)
-    unknown = [lv for lv in levels if lv not in ("local", "partner", "xor", "rs", "pfs")]
-    if unknown:
-        raise ValueError(f"survivability_warnings: unknown level(s) {', '.join(map(repr, unknown))}")
-    used = [lv for lv in ("partner", "xor", "rs") if lv in levels]
-    encoded = [lv for lv in ("xor", "rs") if lv in used]
-    warnings = []
-    if not used:
-        return warnings
-    nnodes = max(node_of) + 1
-    if nnodes == 1:
-        named = used[0] if len(used) == 1 else ", ".join(used[:-1]) + " and " + used[-1]
-        warnings.append(f"all ranks are on one node: the {named} level{'s' if len(used) > 1 else ''} "
-                        "cannot survive the loss of that node (set ranks_per_node, or run on several nodes)")
-        return warnings
-    if encoded:
-        names = "/".join(encoded)
-        for group in encoding_groups(node_of, group_size):
-            if len(group) == 1:
-                warnings.append(f"rank {group[0]} has no rank on another node to share an {names} group with: "
-                                f"{'that level' if len(encoded) == 1 else 'those levels'} cannot protect it "
-                                "against losing its node")
-            elif "rs" in encoded and len(group) <= rs_parity:
-                warnings.append(f"the group {group} has {len(group)} ranks: rs can use only {len(group) - 1} "
-                                f"parity block(s) there instead of rs_parity={rs_parity}")
-    if "partner" in used:
-        loads = {}
-        for h in partner_holders(node_of):
-            loads[h] = loads.get(h, 0) + 1
-        worst = max(loads.values())
-        if worst > 1:
-            warnings.append(f"uneven nodes: a rank holds up to {worst} partner copies")
-    return warnings

@@ -47,7 +47,8 @@ def _xor():
 
 def _simulate():
     from . import simulate
-    simulate.simulate(3600.0, {"local": 600.0}, {"local": 5.0}, {"node": (86400.0, "local")}, seed=1)
+    level = simulate.LEVELS[0]
+    simulate.simulate(3600.0, {level: 600.0}, {level: 5.0}, {"node": (86400.0, level)}, seed=1)
 
 
 KERNELS = (("copy-and-checksum (local level)", _copy_and_checksum),

@@ -43,6 +43,8 @@ exchange, keep the rank in every round with ``comm.Deferred`` and raise after it
 import abc
 import dataclasses
 
+FAILURES = ("process", "node", "system")   # the failures a level may survive, narrowest first (``survives``)
+
 
 @dataclasses.dataclass
 class LevelContext:
@@ -70,6 +72,9 @@ class Level(abc.ABC):
     restores = False      # keeps a copy of its own: offers() and restore() (pfs)
     any_rank_count = False    # restore() places blocks on another rank count (needs equal dtypes on all ranks)
     settings = {}         # {key: options.Setting}: this level's own config keys ([<name>] in the TOML file)
+    survives = "process"  # the widest failure (FAILURES) a step at this level survives: the failure model
+                          # of the interval policy and the simulator (the cheapest level surviving each)
+    keeps = "copies"      # what a redundant level keeps in other nodes' caches, in a word (log lines)
     files = None          # files.LevelFiles: its files, for the catalog, verify and relocate (no MPI)
 
     def __init__(self, ctx):
@@ -150,5 +155,10 @@ class Level(abc.ABC):
     @classmethod
     def placement_warnings(cls, node_of, options, config):
         """Local, pure: plain-language warnings about what this level cannot survive when rank r
-        runs on node ``node_of[r]`` (rank 0 logs them once)."""
+        runs on node ``node_of[r]`` (rank 0 logs them once); ``options``: its settings
+        (``config.level_options(name)``). Here: a redundant level on one node (then a subclass
+        adds nothing more)."""
+        if cls.redundant and max(node_of) == 0:
+            return [f"all ranks are on one node: the {cls.name} level cannot survive the loss of that node "
+                    "(set ranks_per_node, or run on several nodes)"]
         return []

@@ -23,8 +23,10 @@ from ..topology import encoding_groups
 from .combine import Buffers, gather_combine, map_range
 from ..comm import Deferred
 from .base import Level
+from .options import Setting
 from .registry import register
 from .delta import Chain, parity_entries
+from .encoded_catalog import EncodedFiles
 from .encoded_delta import IncrementalParity
 from .encoded_layout import FORMAT, check_info, code_matrix, rebuild_plan, stripe_symbol_owner
 
@@ -32,6 +34,10 @@ from .encoded_layout import FORMAT, check_info, code_matrix, rebuild_plan, strip
 class EncodedLevel(IncrementalParity, Level):
     """Parity across this rank's group of nodes: XorLevel (one parity) and RsLevel (m)."""
     redundant = True
+    files = EncodedFiles()      # xor and rs keep the same files
+    survives, keeps = "node", "parity"
+    settings = {"group_size": Setting(4, int, flat="group_size",
+                                      doc="ranks per parity group, on distinct nodes (xor and rs share it)")}
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -45,6 +51,23 @@ class EncodedLevel(IncrementalParity, Level):
         self.chain = Chain(cache) if cache.cfg.incremental else None
         self.sent = 0            # bytes this rank sent in its last encode (benchmarks)
 
+    @classmethod
+    def placement_warnings(cls, node_of, options, config):
+        """Local, pure: one node (nothing survives its loss); a rank alone in its group (no parity
+        protects it); a group of k ranks with no more than ``parity`` (rs: it uses k - 1)."""
+        warnings = super().placement_warnings(node_of, options, config)
+        if warnings:
+            return warnings
+        parity = options.get("parity", 1)
+        for group in encoding_groups(node_of, options["group_size"]):
+            if len(group) == 1:
+                warnings.append(f"rank {group[0]} has no rank on another node to share its {cls.name} group: "
+                                f"the {cls.name} level cannot protect it against losing its node")
+            elif len(group) <= parity:
+                warnings.append(f"the group {group} has {len(group)} ranks: {cls.name} can use only {len(group) - 1} "
+                                f"parity block(s) there instead of {parity}")
+        return warnings
+
     def pinned_steps(self):
         """Local: the base step of the next incremental checkpoint (kept by retire)."""
         return self.chain.pinned() if self.chain is not None else ()
@@ -55,11 +78,6 @@ class EncodedLevel(IncrementalParity, Level):
 
     def background(self):
         return bool(self.ctx.config.background)
-
-    @classmethod
-    def placement_warnings(cls, node_of, options, config):
-        from ..topology import survivability_warnings
-        return survivability_warnings(node_of, config.group_size, config.rs_parity, levels=(cls.name,))
 
     def protect(self, manifest, pending=None):
         """Collective: this group's parity of the committed step (encode)."""
@@ -375,6 +393,8 @@ class XorLevel(EncodedLevel):
 class RsLevel(EncodedLevel):
     """Reed-Solomon parity (``rs_parity`` blocks per group): survives that many lost nodes per group."""
     name, order = "rs", 40
+    settings = {**EncodedLevel.settings,
+                "parity": Setting(2, int, flat="rs_parity", doc="parity blocks per group (at most its ranks - 1)")}
 
     def parities(self, ctx):
-        return int(ctx.config.rs_parity)
+        return int(ctx.options["parity"])

@@ -81,7 +81,7 @@ class LocalCache:
 
     def held_dir(self, step):
         """Where this rank keeps redundancy for others (partner copies, parity) for ``step``."""
-        return os.path.join(self.step_dir(step), f"held_{self.rank:06d}")
+        return os.path.join(self.step_dir(step), mf.held_dir_name(self.rank))
 
     @property
     def spare_dir(self):

@@ -23,6 +23,7 @@ from ..topology import partner_holders
 from ..comm import Deferred
 from .base import Level
 from .registry import register
+from .partner_catalog import PartnerFiles
 from .delta import Chain, apply_blocks, check_delta_info, delta_bytes, delta_info, stream_reader
 from .transfer import exchange_files
 
@@ -31,6 +32,8 @@ from .transfer import exchange_files
 class PartnerLevel(Level):
     """A copy of each rank's committed step in the cache of a rank on another node."""
     name, order, redundant = "partner", 20, True
+    files = PartnerFiles()
+    survives = "node"
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -39,6 +42,18 @@ class PartnerLevel(Level):
         self.holders = partner_holders(ctx.topology.node_of)
         self.chain = Chain(cache) if cache.cfg.incremental else None
         self.sent = 0            # bytes this rank sent in its last encode (benchmarks)
+
+    @classmethod
+    def placement_warnings(cls, node_of, options, config):
+        """Local, pure: one node (nothing survives its loss); uneven nodes (a rank holds several copies)."""
+        warnings = super().placement_warnings(node_of, options, config)
+        if warnings:
+            return warnings
+        loads = {}
+        for h in partner_holders(node_of):
+            loads[h] = loads.get(h, 0) + 1
+        worst = max(loads.values())
+        return [f"uneven nodes: a rank holds up to {worst} {cls.name} copies"] if worst > 1 else []
 
     def pinned_steps(self):
         """Local: the base step of the next incremental checkpoint (kept by retire)."""
@@ -54,11 +69,6 @@ class PartnerLevel(Level):
 
     def background(self):
         return bool(self.ctx.config.background)
-
-    @classmethod
-    def placement_warnings(cls, node_of, options, config):
-        from ..topology import survivability_warnings
-        return survivability_warnings(node_of, config.group_size, config.rs_parity, levels=(cls.name,))
 
     def protect(self, manifest, pending=None):
         """Collective: this rank's copy to its holder, the copies it holds for others (encode)."""

@@ -13,7 +13,9 @@ import os
 from .. import manifest as mf
 from ..comm import Collective
 from .base import Level
+from .options import Setting
 from .pfs import PfsStore, listing, remove_step_dir
+from .pfs_catalog import PfsFiles
 from .pfs_index import committed_steps, max_index_bytes
 from .pfs_items import Item, items_from_manifest
 from .registry import register
@@ -23,6 +25,15 @@ from .registry import register
 class PfsLevel(Level):
     """HDF5 on the parallel file system: survives anything short of losing ``pfs_dir``."""
     name, order, restores, any_rank_count = "pfs", 50, True, True
+    files = PfsFiles()
+    survives = "system"
+    settings = {
+        "dir": Setting("hpcckpt-pfs", str, flat="pfs_dir", doc="the parallel file system directory (docs/PFS.md)"),
+        "direct_io": Setting("auto", bool, flat="pfs_direct_io",
+                             doc='true, false or "auto": write large arrays with O_DIRECT (docs/CONFIG.md)'),
+        "async_flush": Setting(False, bool, flat="async_flush",
+                               doc="return once staged in the cache, flush in the background"),
+    }
 
     def __init__(self, ctx):
         super().__init__(ctx)

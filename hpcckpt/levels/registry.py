@@ -25,7 +25,7 @@ _loading = threading.RLock()
 
 def register(cls):
     """Class decorator: register a ``levels.base.Level`` subclass under ``cls.name``."""
-    from .base import Level
+    from .base import FAILURES, Level
     if not (isinstance(cls, type) and issubclass(cls, Level)):
         raise TypeError(f"register: {cls!r} is not a subclass of hpcckpt.levels.base.Level")
     name = cls.name
@@ -39,6 +39,13 @@ def register(cls):
     clash = [c.name for c in _classes.values() if c.order == cls.order and c.name != name]
     if clash:
         raise ValueError(f"register: level {name!r} has the order {cls.order} of level {clash[0]!r}")
+    from .options import Setting
+    for key, setting in dict(cls.settings).items():
+        if not (isinstance(key, str) and key.isidentifier() and key == key.lower()) or not isinstance(setting, Setting):
+            raise ValueError(f"register: level {name!r}: settings must map lower-case identifiers to "
+                             f"options.Setting, not {key!r}: {setting!r}")
+    if cls.survives not in FAILURES:
+        raise ValueError(f"register: level {name!r} survives {cls.survives!r}, not one of {', '.join(FAILURES)}")
     if cls.redundant and cls.restores:
         raise ValueError(f"register: level {name!r} cannot be both redundant and restoring")
     _classes[name] = cls
@@ -92,6 +99,17 @@ def redundant():
 def restoring():
     """Names of the levels that keep a copy of their own and restore from it, cheapest first."""
     return tuple(n for n, c in classes().items() if c.restores)
+
+
+def cheapest_surviving():
+    """{failure (base.FAILURES): the cheapest level that survives it} (``Level.survives``; a
+    failure no level survives is left out)."""
+    from .base import FAILURES
+    out = {}
+    for name, cls in classes().items():
+        for failure in FAILURES[:FAILURES.index(cls.survives) + 1]:
+            out.setdefault(failure, name)
+    return {f: out[f] for f in FAILURES if f in out}
 
 
 class _Names(collections.abc.Sequence):

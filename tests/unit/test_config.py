@@ -332,3 +332,165 @@ def test_the_watchdog_settings_may_differ_between_ranks():
     assert _settings_digest(base) == _settings_digest(base.replace(stall_timeout=5, stall_action="abort",
                                                                    log_level="DEBUG"))
     assert _settings_digest(base) != _settings_digest(base.replace(keep=3))
+
+
+# ---------------------------------------------------------------------- a level's own settings
+from hpcckpt.levels import registry                      # noqa: E402
+from hpcckpt.levels.base import Level                    # noqa: E402
+from hpcckpt.levels.options import Setting               # noqa: E402
+
+
+@pytest.fixture
+def plugin():
+    """Register a level of a plug-in (as HPCCKPT_LEVEL_MODULES would); unregistered afterwards."""
+    made = []
+
+    def make(name, order, **settings):
+        cls = type(f"Plugin_{name}", (Level,), {"name": name, "order": order, "settings": settings})
+        registry.register(cls)
+        made.append(name)
+        return cls
+    registry.classes()
+    yield make
+    for name in made:
+        registry._classes.pop(name)
+
+
+def test_level_tables_in_a_file_are_the_flat_keys(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('[rs]\nparity = 3\n[xor]\ngroup_size = 6\n[pfs]\ndir = "/lustre/x"\ndirect_io = false\n'
+                 'async_flush = true\n')
+    cfg = Config.load(str(f), environ={})
+    assert (cfg.rs_parity, cfg.group_size, cfg.pfs_dir, cfg.pfs_direct_io, cfg.async_flush) == \
+        (3, 6, "/lustre/x", False, True)
+    assert cfg.level_options("rs") == {"group_size": 6, "parity": 3}
+    assert cfg.level_options("xor") == {"group_size": 6}
+    assert cfg.level_options("pfs") == {"dir": "/lustre/x", "direct_io": False, "async_flush": True}
+    assert cfg.level_options("local") == {} and cfg.level_options("partner") == {}
+
+
+def test_level_settings_from_the_environment_and_keywords():
+    env = {"HPCCKPT_RS_PARITY": "3", "HPCCKPT_XOR_GROUP_SIZE": "5", "HPCCKPT_PFS_ASYNC_FLUSH": "yes",
+           "HPCCKPT_PFS_DIRECT_IO": "auto"}
+    cfg = Config.load(environ=env)
+    assert (cfg.rs_parity, cfg.group_size, cfg.async_flush, cfg.pfs_direct_io) == (3, 5, True, "auto")
+    cfg = Config.load(environ={}, rs={"parity": 4}, pfs={"dir": "/p"})
+    assert (cfg.rs_parity, cfg.pfs_dir) == (4, "/p")
+    with pytest.raises(ConfigError, match="HPCCKPT_PFS_ASYNC_FLUSH: expected true or false"):
+        Config.load(environ={"HPCCKPT_PFS_ASYNC_FLUSH": "maybe"})
+    with pytest.raises(ConfigError, match="rs_parity must be an integer"):
+        Config.load(environ={}, rs={"parity": "two"})
+
+
+def test_a_flat_key_and_a_level_key_in_one_source_must_agree(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('rs_parity = 3\n[rs]\nparity = 3\n')
+    assert Config.load(str(f), environ={}).rs_parity == 3                 # the same value twice: fine
+    f.write_text('rs_parity = 2\n[rs]\nparity = 3\n')
+    with pytest.raises(ConfigError, match=r"config file .*: rs_parity = 2 and rs.parity = 3 are the same setting "
+                                          r"\(rs_parity\) with different values; give it once"):
+        Config.load(str(f), environ={})
+    f.write_text('[xor]\ngroup_size = 4\n[rs]\ngroup_size = 8\n')           # xor and rs share group_size
+    with pytest.raises(ConfigError, match="xor.group_size = 4 and rs.group_size = 8"):
+        Config.load(str(f), environ={})
+    with pytest.raises(ConfigError, match="the environment: HPCCKPT_(XOR_)?GROUP_SIZE = .* and "
+                                          "HPCCKPT_(XOR_)?GROUP_SIZE = "):
+        Config.load(environ={"HPCCKPT_GROUP_SIZE": "4", "HPCCKPT_XOR_GROUP_SIZE": "6"})
+    assert Config.load(environ={"HPCCKPT_GROUP_SIZE": "6", "HPCCKPT_XOR_GROUP_SIZE": "06"}).group_size == 6
+    with pytest.raises(ConfigError, match="keyword arguments: pfs_dir = 'a' and pfs.dir = 'b'"):
+        Config.load(environ={}, pfs_dir="a", pfs={"dir": "b"})
+
+
+def test_across_sources_the_later_layer_wins(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('rs_parity = 5\n[pfs]\ndir = "/file"\n')
+    assert Config.load(str(f), environ={}).rs_parity == 5
+    assert Config.load(str(f), environ={"HPCCKPT_RS_PARITY": "4"}).rs_parity == 4              # environment > file
+    assert Config.load(str(f), environ={"HPCCKPT_RS_PARITY": "4"}, rs={"parity": 3}).rs_parity == 3   # keywords
+    assert Config.load(str(f), environ={"HPCCKPT_PFS_DIR": "/env"}).pfs_dir == "/env"
+    assert Config.load(str(f), environ={}, pfs_dir="/kw").pfs_dir == "/kw"
+
+
+def test_bad_level_tables(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('[rs]\nparty = 3\n')
+    with pytest.raises(ConfigError, match=r"config file .*: the rs level has no setting 'party'; "
+                                          r"its settings are group_size, parity"):
+        Config.load(str(f), environ={})
+    f.write_text('[local]\ndir = "/x"\n')
+    with pytest.raises(ConfigError, match="the local level has no setting 'dir'; it declares none"):
+        Config.load(str(f), environ={})
+    f.write_text('[mirror]\ndir = "/x"\n')
+    with pytest.raises(ConfigError, match="a table 'mirror', but no level 'mirror' is registered; levels are "
+                                          "local, partner, xor, rs, pfs"):
+        Config.load(str(f), environ={})
+    with pytest.raises(ConfigError, match="keyword arguments: rs must be a table of the rs level's settings"):
+        Config.load(environ={}, rs=3)
+    with pytest.raises(ConfigError, match="unknown config key in environment variable HPCCKPT_RS_PARTY"):
+        Config.load(environ={"HPCCKPT_RS_PARTY": "3"})
+    with pytest.raises(ConfigError, match="unknown config key in environment variable HPCCKPT_MIRROR_DIR"):
+        Config.load(environ={"HPCCKPT_MIRROR_DIR": "/x"})
+
+
+def test_a_plug_in_level_gets_its_own_settings_from_every_layer(tmp_path, plugin):
+    plugin("mirror", 45, dir=Setting("mirror-dir", str, doc="where"), copies=Setting(1, int),
+           verify=Setting(True, bool), ratio=Setting(0.5, float))
+    defaults = {"dir": "mirror-dir", "copies": 1, "verify": True, "ratio": 0.5}
+    assert Config.load(environ={}).level_options("mirror") == defaults
+    assert Config().level_options("mirror") == defaults                   # a Config not built by load
+    f = tmp_path / "run.toml"
+    f.write_text('[mirror]\ndir = "/file"\ncopies = 2\nratio = 1\n')
+    cfg = Config.load(str(f), environ={})
+    assert cfg.level_options("mirror") == {"dir": "/file", "copies": 2, "verify": True, "ratio": 1.0}
+    env = {"HPCCKPT_MIRROR_COPIES": "3", "HPCCKPT_MIRROR_VERIFY": "no", "HPCCKPT_MIRROR_RATIO": "0.25"}
+    cfg = Config.load(str(f), environ=env, mirror={"dir": "/kw"})
+    assert cfg.level_options("mirror") == {"dir": "/kw", "copies": 3, "verify": False, "ratio": 0.25}
+    assert Config.load(cfg, environ={}).level_options("mirror") == cfg.level_options("mirror")
+    assert cfg.replace(mirror={"copies": 4}).level_options("mirror") == {**cfg.level_options("mirror"), "copies": 4}
+    assert cfg.replace(keep=3).level_options("mirror") == cfg.level_options("mirror")
+    f.write_text('[mirror]\ncopies = "two"\n')
+    with pytest.raises(ConfigError, match=r"config file .*: mirror.copies must be an integer, got 'two'"):
+        Config.load(str(f), environ={})
+    with pytest.raises(ConfigError, match="mirror.copies must be an integer, got True"):
+        Config.load(environ={}, mirror={"copies": True})
+    with pytest.raises(ConfigError, match="HPCCKPT_MIRROR_COPIES: expected an integer, got 'two'"):
+        Config.load(environ={"HPCCKPT_MIRROR_COPIES": "two"})
+    with pytest.raises(ConfigError, match="HPCCKPT_MIRROR_VERIFY: expected true or false"):
+        Config.load(environ={"HPCCKPT_MIRROR_VERIFY": "perhaps"})
+
+
+def test_level_settings_are_in_as_dict_so_the_ranks_compare_them(plugin):
+    plugin("mirror", 45, dir=Setting("mirror-dir", str))
+    a, b = Config.load(environ={}), Config.load(environ={}, mirror={"dir": "/elsewhere"})
+    assert a.as_dict()["level_settings"] == {"mirror": {"dir": "mirror-dir"}}
+    assert b.as_dict()["level_settings"] == {"mirror": {"dir": "/elsewhere"}}
+    assert a.as_dict() != b.as_dict()
+    assert Config.load(environ={}, mirror={"dir": "mirror-dir"}).as_dict() == a.as_dict()   # default given: same
+
+
+def test_a_variable_that_names_two_settings_is_refused(plugin):
+    plugin("io", 46, chunk=Setting(1, int))
+    with pytest.raises(ConfigError, match="HPCCKPT_IO_CHUNK names io_chunk and io.chunk"):
+        Config.load(environ={"HPCCKPT_IO_CHUNK": "4MiB"})
+    assert Config.load(environ={}, io={"chunk": 3}).level_options("io") == {"chunk": 3}
+
+
+def test_flat_settings_match_their_config_fields():
+    import dataclasses
+    fields = {f.name: f.default for f in dataclasses.fields(Config)}
+    for name in registry.LEVELS:
+        for key, s in registry.level_class(name).settings.items():
+            if s.flat is not None:
+                assert s.flat in fields and fields[s.flat] == s.default, (name, key)
+
+
+def test_a_level_declares_settings_as_settings():
+    for settings in ({"Dir": Setting("x", str)}, {"dir": "x"}, {"a-b": Setting(1, int)}):
+        cls = type("Bad", (Level,), {"name": "bad", "order": 48, "settings": settings})
+        with pytest.raises(ValueError, match="level 'bad': settings must map lower-case identifiers"):
+            registry.register(cls)
+    assert "bad" not in registry.LEVELS
+
+
+def test_the_level_modules_variable_is_not_a_configuration_key():
+    assert Config.load(environ={"HPCCKPT_LEVEL_MODULES": "", "HPCCKPT_KEEP": "3"}).keep == 3

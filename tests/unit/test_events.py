@@ -241,3 +241,12 @@ def test_an_incomplete_last_line_is_skipped_with_a_warning(tmp_path):
 def test_unknown_event_kinds_of_version_1_are_kept():
     e = parse_line('{"v":1,"event":"later","t":1,"run":"r","ranks":2,"x":1}', "f:1")
     assert e["event"] == "later"
+
+
+def test_restart_sources_are_the_cache_and_the_levels_that_restore_or_rebuild():
+    assert events.sources() == ("cache", "partner", "xor", "rs", "pfs")
+    line = '{"v":1,"event":"restart","t":1.0,"run":"r","job":"j","ranks":4,"epoch":1,"step":3,"level":"local",' \
+           '"source":"%s","own":4,"rebuilt":0,"seconds":0.1}'
+    assert parse_line(line % "rs", "f:1")["source"] == "rs"
+    with pytest.raises(EventsFormatError, match="unknown restart source 'local'"):
+        parse_line(line % "local", "f:1")

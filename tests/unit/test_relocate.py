@@ -23,6 +23,7 @@ def test_files_of_ranks_on_other_hosts_are_listed_without_temporary_files(tmp_pa
     touch(str(step / "rank_000001.json"), 2)
     touch(str(step / "held_000001" / "partner_000000.dat"), 3)
     touch(str(step / "held_000001" / ("partner_000000.dat" + TEMP_SUFFIX)), 3)     # an interrupted move's
+    touch(str(step / "held_000001" / "notes.txt"), 3)          # no level's file (levels/files.held_file)
     touch(str(step / ("rank_000001.dat" + TEMP_SUFFIX)), 5)
     touch(str(tmp_path / "node0" / "job" / "step_0000000009" / "rank_000000.json"))  # this host's own rank
     found, other_layout = _foreign_files(cfg, topo, host_ranks={0})

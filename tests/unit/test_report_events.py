@@ -113,3 +113,10 @@ def test_plot_writes_a_png(tmp_path):
     with open(out, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert os.path.getsize(out) > 20000
+
+
+def test_every_level_has_a_style_of_its_own_and_none_is_red():
+    from hpcckpt.levels.registry import LEVELS
+    styles = [report_plot.style(lv) for lv in LEVELS]
+    assert len(set(styles)) == len(styles) and not any("red" in c for c, _ in styles)
+    assert report_plot.style("local") == ("tab:blue", "o") and report_plot.style("pfs") == ("tab:brown", "v")

@@ -208,3 +208,19 @@ def test_pure_python_fallback_gives_the_same_results(monkeypatch):
     compiled = simulate(*args, seed=9)
     monkeypatch.setattr(sim, "_run_kernel", sim._kernel)
     assert simulate(*args, seed=9) == compiled
+
+
+# -- the failure classes come from the levels (Level.survives) ----------------------------------
+
+def test_each_failure_class_needs_the_cheapest_level_that_survives_it():
+    from hpcckpt.simulate import failure_classes
+    assert failure_classes() == {"process": "local", "node": "partner", "system": "pfs"}
+
+
+def test_a_level_must_say_what_it_survives_in_known_words():
+    from hpcckpt.levels import registry
+    from hpcckpt.levels.base import Level
+    bad = type("Diskish", (Level,), {"name": "diskish", "order": 47, "survives": "disk"})
+    with pytest.raises(ValueError, match="level 'diskish' survives 'disk', not one of process, node, system"):
+        registry.register(bad)
+    assert "diskish" not in registry.LEVELS

@@ -1,0 +1,13 @@
+"""A plug-in level for the tests (``HPCCKPT_LEVEL_MODULES=mirror_level``, importable from the
+apps' directory): a setting of its own without a flat key, and nothing more to do than the node
+cache does (a step at this level is a local one)."""
+from hpcckpt.levels.base import Level
+from hpcckpt.levels.options import Setting
+from hpcckpt.levels.registry import register
+
+
+@register
+class MirrorLevel(Level):
+    """Declares ``[mirror]`` ``dir``; protects nothing beyond the node cache."""
+    name, order = "mirror", 45
+    settings = {"dir": Setting("mirror", str, doc="a directory of its own (unused)")}
