@@ -150,8 +150,9 @@ def runs_prepare(cls, config):
 
 
 def phases(level, config=FAULT_CONFIG):
-    """The phases of the Level interface that a checkpoint and a restart at ``level`` run."""
-    cls = registry.level_class(level)
+    """The phases of the Level interface that a checkpoint and a restart at ``level`` (a name, or
+    a Level class not registered yet) run."""
+    cls = level if isinstance(level, type) else registry.level_class(level)
     cfg = Config.load(name="app", cache_dir="/nonexistent/node{node}", pfs_dir="/nonexistent/pfs", environ={},
                       **config)
     out = [p for p in SAVE_PHASES if p != "prepare" or runs_prepare(cls, cfg)]
@@ -170,9 +171,14 @@ KNOWN = {("pfs", "protect"): "save.py: protect and retire of a non-redundant lev
 
 
 def fault_cases(levels, kinds):
-    """pytest params (level, phase) of the phases in ``kinds`` that ``levels`` run."""
-    return [pytest.param(lv, ph, id=f"{lv}-{ph}", marks=[pytest.mark.xfail(strict=True, reason=KNOWN[lv, ph])]
-                         if (lv, ph) in KNOWN else []) for lv in levels for ph in phases(lv) if ph in kinds]
+    """pytest params (level name, phase) of the phases in ``kinds`` that ``levels`` (names or
+    Level classes) run."""
+    out = []
+    for level in levels:
+        name = level.name if isinstance(level, type) else level
+        out += [pytest.param(name, ph, id=f"{name}-{ph}", marks=[pytest.mark.xfail(strict=True, reason=KNOWN[name, ph])]
+                             if (name, ph) in KNOWN else []) for ph in phases(level) if ph in kinds]
+    return out
 
 
 def fault_env(level, phase, rank, step=FAULT_STEP, env=None):

@@ -1,15 +1,18 @@
 """The proof that a level is one module behind the Level interface: ``MirrorLevel``, defined here
-and registered from here, with no file of hpcckpt/ knowing it.
+and registered from here (by a job or the command line, which import this module; in pytest's
+process by a fixture, for this module's tests only), with no file of hpcckpt/ knowing it.
 
 The mirror keeps a copy of each committed cache step in a directory of its own (its setting
 ``dir``: ``[mirror] dir = ...`` in the TOML file, ``HPCCKPT_MIRROR_DIR``; by default
 ``<pfs_dir>/.mirror``): ``<dir>/<name>/step_<S>/rank_<R>.dat`` and ``rank_<R>.json`` (the data
-first, the manifest last, each a temporary file renamed), and restores from it directly, as the
-pfs level does, on the same rank count. The MPI jobs and the command line import this module
+first, the manifest last, each a temporary file renamed; a ``MIRROR`` marker says the directory is
+the mirror's), and restores from it directly, as the pfs level does, on the same rank count. Its
+files (``MirrorFiles``) tell ``hpcckpt list/verify/inspect`` about them. The MPI jobs and the command line import this module
 through ``HPCCKPT_LEVEL_MODULES=test_mirror_level`` (``PYTHONPATH`` naming tests/mpi).
 
 The tests run it through a checkpoint, a killed rank and its node's cache lost, the restart from
-the mirror, the placement warning, and the conformance faults (test_level_conformance.py).
+the mirror, the command line, the placement warning, and the conformance tests and faults
+(test_level_conformance.py).
 """
 import glob
 import json
@@ -25,7 +28,7 @@ from hpcckpt.config import expand_cache_dir
 from hpcckpt.errors import CorruptCheckpointError, HpcCkptError, MismatchError
 from hpcckpt.levels.base import Level
 from hpcckpt.levels.options import Setting
-from hpcckpt.levels.registry import register
+from hpcckpt.levels import registry
 
 try:
     from hpcckpt.levels.files import LevelFiles, Row, Stored, read_rank_manifest, verify_data
@@ -104,7 +107,6 @@ if LevelFiles is not None:
             return None
 
 
-@register
 class MirrorLevel(Level):
     """A copy of every rank's committed step in a directory of its own; restores from it."""
     name, order, restores, survives = "mirror", 45, True, "node"
@@ -260,6 +262,10 @@ class MirrorLevel(Level):
         return []
 
 
+if __name__ in os.environ.get(registry.MODULES_ENV, "").split(","):
+    registry.register(MirrorLevel)   # a job or the command line imports this module: the level is there for good
+
+
 # ---------------------------------------------------------------------- the tests
 # (imported after the level: a job imports this module to register it, and the conformance module
 # asks the registry while it is imported)
@@ -270,6 +276,20 @@ from harness import outputs, restart_step, run_mpi  # noqa: E402
 from test_level_conformance import crashed, reference  # noqa: E402,F401 - the fixtures, shared
 
 pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(autouse=True, scope="module")
+def mirror_registered():
+    """In pytest's process the mirror is registered for this module's tests only (the other
+    tests see the built-in levels; tests/unit/test_level_files.py registers a "mirror" of its own).
+    The registry has no way to unregister: its table is restored by hand."""
+    registry.classes()                  # the built-in levels first
+    before = dict(registry._classes)
+    registry._classes.pop(MirrorLevel.name, None)
+    registry.register(MirrorLevel)
+    yield MirrorLevel
+    registry._classes.clear()
+    registry._classes.update(before)
 NPROCS, STEPS, EVERY, CRASH = 4, 20, 5, 12        # committed: 4 and 9 (keep = 2)
 
 
@@ -366,12 +386,12 @@ def test_the_level_contract(fault, reference, crashed, tmp_path):
     conformance.test_level_contract("mirror", fault, reference, crashed, tmp_path)
 
 
-@pytest.mark.parametrize("level,phase", conformance.fault_cases(["mirror"], conformance.SAVE_PHASES))
+@pytest.mark.parametrize("level,phase", conformance.fault_cases([MirrorLevel], conformance.SAVE_PHASES))
 def test_a_save_phase_fails_on_one_rank(level, phase, reference, tmp_path):
     conformance.test_a_save_phase_fails_on_one_rank(level, phase, reference, tmp_path)
 
 
-@pytest.mark.parametrize("level,phase", conformance.fault_cases(["mirror"], conformance.RESTART_PHASES))
+@pytest.mark.parametrize("level,phase", conformance.fault_cases([MirrorLevel], conformance.RESTART_PHASES))
 def test_a_restart_phase_fails_on_one_rank(level, phase, reference, crashed, tmp_path):
     conformance.test_a_restart_phase_fails_on_one_rank(level, phase, reference, crashed, tmp_path)
 
