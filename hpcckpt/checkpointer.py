@@ -25,9 +25,10 @@ from .levels import registry
 from .levels.local import LocalCache
 from .lock import DirLock
 from .protected import Protected
-from .save import CheckpointInfo  # noqa: F401 - public: hpcckpt.CheckpointInfo
+from .save import CheckpointInfo
 from .topology import Topology
 
+__all__ = ["Checkpointer", "CheckpointInfo"]
 log = logging.getLogger("hpcckpt")
 revoke = hooks.revoke
 
@@ -93,7 +94,7 @@ class Checkpointer:
             if comm.rank == 0:
                 log.info("cache of rank 0: %s; pfs: %s", self.cache.root,
                          os.path.abspath(os.path.join(self.config.pfs_dir, self.config.name)))
-            ctx.warn_placement([lv for lv in self.policy.levels if registry.level_class(lv).redundant])
+            ctx.warn_placement(self.policy.levels)
             self._setup_slurm()
             if comm.rank == 0:
                 log.info("%s", self.policy.summary())

@@ -159,8 +159,8 @@ def _write_and_commit(ctx, lv, step, ckpt_id, state, t0, later):
             dtype_check.check(ctx.comm, dtype_check.described(items, ctx.rank), f"checkpoint {step}")
         # 5. redundancy across nodes (collective, errors agreed), then the commit
         committed = manifest
+        ctx.warn_placement((lv.name,))
         if lv.redundant:
-            ctx.warn_placement((lv.name,))
             if later:
                 committed = dataclasses.replace(manifest, level=LocalLevel.name)
             else:

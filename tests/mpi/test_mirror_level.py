@@ -339,8 +339,6 @@ def test_the_setting_from_the_environment(tmp_path, reference):
     assert mirror_steps(mdir) == {14: [0, 1, 2, 3], 19: [0, 1, 2, 3]}
 
 
-@pytest.mark.xfail(strict=True, reason="the protocol asks placement_warnings of the redundant levels only "
-                   "(checkpointer.py: the policy's levels filtered by redundant; save.py: in the redundant branch)")
 def test_the_placement_warning(tmp_path):
     """The mirror's dir inside node 0's cache: rank 0 warns once that it does not survive that node."""
     root = str(tmp_path)
