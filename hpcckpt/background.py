@@ -84,6 +84,7 @@ def start(ctx, manifest, level):
         else:
             with Collective(comm, f"the {name} copy of checkpoint {step} in the background"):
                 protect(level, manifest)
+            with Collective(comm, f"retiring at the {name} level after checkpoint {step}"):
                 level.retire(manifest, ctx.clear_others and ctx.committed)
     ctx.flush = Background(step, name, work, level.redundant)
 

@@ -101,6 +101,7 @@ def checkpoint(ctx, step, state, level):
         try:
             with Collective(ctx.comm, f"the {level} copy of checkpoint {step}"):
                 background.protect(lv, manifest, pending)
+            with Collective(ctx.comm, f"retiring at the {level} level after checkpoint {step}"):
                 lv.retire(manifest, ctx.clear_others and ctx.committed)
         except HpcCkptError:
             _report_lost_flush(ctx, flush_error)
@@ -416,5 +417,6 @@ def scavenge(ctx):
     ctx.epoch = mf.split_key(key)[0]
     with Collective(ctx.comm, f"scavenge: the {target.name} copy of step {step}"):
         background.protect(target, manifest)
+    with Collective(ctx.comm, f"scavenge: retiring at the {target.name} level"):
         target.retire(manifest, ctx.clear_others and ctx.committed)
     return step
