@@ -163,22 +163,9 @@ def phases(level, config=FAULT_CONFIG):
     return out
 
 
-# Known to fail (strict: a case that passes fails, so that its line goes): save.py runs a non-redundant
-# level's protect and retire in one agreement, so a rank whose protect raised skips retire, and the
-# pfs retire's own agreement on the other ranks meets that rank's: the job hangs (until FAULT_TIMEOUT).
-KNOWN = {("pfs", "protect"): "save.py: protect and retire of a non-redundant level in one Collective; pfs retire "
-                             "agrees on its own, the rank whose protect raised does not call it: a hang"}
-
-
 def fault_cases(levels, kinds):
-    """pytest params (level name, phase) of the phases in ``kinds`` that ``levels`` (names or
-    Level classes) run."""
-    out = []
-    for level in levels:
-        name = level.name if isinstance(level, type) else level
-        out += [pytest.param(name, ph, id=f"{name}-{ph}", marks=[pytest.mark.xfail(strict=True, reason=KNOWN[name, ph])]
-                             if (name, ph) in KNOWN else []) for ph in phases(level) if ph in kinds]
-    return out
+    """(level name, phase) of the phases in ``kinds`` that ``levels`` (names or Level classes) run."""
+    return [(lv.name if isinstance(lv, type) else lv, ph) for lv in levels for ph in phases(lv) if ph in kinds]
 
 
 def fault_env(level, phase, rank, step=FAULT_STEP, env=None):
