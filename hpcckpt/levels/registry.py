@@ -5,6 +5,7 @@ Each level's module registers its class itself. The built-in level modules are i
 first question; more come from the modules named in ``HPCCKPT_LEVEL_MODULES`` (comma-separated,
 imported on every rank and by the command line) and from the ``hpcckpt.levels`` entry points of
 installed packages. Every rank must register the same levels (the settings digest includes them).
+While those modules are imported, the registry answers with what is registered so far.
 """
 import collections.abc
 import importlib
@@ -50,6 +51,15 @@ def register(cls):
         raise ValueError(f"register: level {name!r} cannot be both redundant and restoring")
     _classes[name] = cls
     return cls
+
+
+def unregister(name):
+    """Remove the level registered as ``name`` (a test's, a plug-in's); KeyError when there is none.
+    Built-in levels cannot be removed."""
+    cls = _classes[name]
+    if cls.__module__ in BUILTIN_MODULES:
+        raise ValueError(f"unregister: {name!r} is a built-in level")
+    del _classes[name]
 
 
 def _load():

@@ -282,14 +282,11 @@ pytestmark = pytest.mark.mpi
 def mirror_registered():
     """In pytest's process the mirror is registered for this module's tests only (the other
     tests see the built-in levels; tests/unit/test_level_files.py registers a "mirror" of its own).
-    The registry has no way to unregister: its table is restored by hand."""
+    """
     registry.classes()                  # the built-in levels first
-    before = dict(registry._classes)
-    registry._classes.pop(MirrorLevel.name, None)
     registry.register(MirrorLevel)
     yield MirrorLevel
-    registry._classes.clear()
-    registry._classes.update(before)
+    registry.unregister(MirrorLevel.name)
 NPROCS, STEPS, EVERY, CRASH = 4, 20, 5, 12        # committed: 4 and 9 (keep = 2)
 
 

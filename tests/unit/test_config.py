@@ -353,7 +353,7 @@ def plugin():
     registry.classes()
     yield make
     for name in made:
-        registry._classes.pop(name)
+        registry.unregister(name)
 
 
 def test_level_tables_in_a_file_are_the_flat_keys(tmp_path):

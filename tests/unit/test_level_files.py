@@ -91,7 +91,7 @@ def mirror():
     registry.classes()                 # the built-in levels first
     registry.register(MirrorLevel)
     yield MirrorLevel
-    registry._classes.pop(MirrorLevel.name, None)
+    registry.unregister(MirrorLevel.name)
 
 
 def write_mirror(root, step, world=4, **kw):
