@@ -75,7 +75,8 @@ class Checkpointer:
                 self.topology = Topology.given(self._comm, _node_map)     # pinned (hpcckpt.online)
             else:
                 self.topology = Topology.build(self._comm, self.config.ranks_per_node)
-            self.cache = LocalCache(self.config, self.topology)
+            self.cache = LocalCache(self.config, self.topology,
+                                    spares=1 + sum(registry.level_class(lv).redundant for lv in self.policy.levels))
             with Collective(self._comm, "creating the cache directory"):
                 try:
                     self.cache.prepare()

@@ -78,6 +78,7 @@ def checkpoint(ctx, step, state, level):
     if ctx.epoch is None:
         ctx.epoch = ctx.new_epoch()
     lv = ctx.level(level)
+    ctx.cache.keep_spares(1 + sum(other.redundant for other in ctx.levels.values()))
     later = lv.background() and threads_ok(ctx)
 
     # 2-5. prepare, write, agree, (redundancy,) commit

@@ -1,7 +1,8 @@
 """The node-local level: one data file and one manifest per rank per step in the node's cache.
 
 Layout (docs/FORMAT.md): ``<cache_dir>/<name>/step_<S>/rank_<R>.dat`` and ``rank_<R>.json``;
-``<cache_dir>/<name>/spare/rank_<R>.dat`` holds a retired data file kept for overwriting, and
+``<cache_dir>/<name>/spare/rank_<R>.dat`` (and ``rank_<R>.dat.<i>``, one more per redundant level
+of the job) hold retired data files kept for overwriting, and
 ``spare/trash_<R>_*`` retired files not kept, until a background thread has unlinked them. All
 methods are local: the Checkpointer runs the agreement between ranks.
 """
@@ -56,15 +57,19 @@ def _has_step_dirs(root):
 class LocalCache:
     """This rank's files in its node's cache directory."""
 
-    def __init__(self, cfg, topo):
+    def __init__(self, cfg, topo, spares=1):
         self.cfg, self.rank, self.node, self.world_size = cfg, topo.rank, topo.node, topo.size
+        # retired data files kept for overwriting (reuse_files): one, and one more per redundant
+        # level the job uses (the step it keeps retires together with an older one)
+        self.spares = max(1, int(spares))
         self.placement = mf.placement_digest(topo.node_of)
         self.abandoned_after = None     # restart(): the step it took when newer ones were of another layout
         self.root = os.path.join(expand_cache_dir(cfg, topo.node), cfg.name)
         self._buffer = None
         # the mappings of the data files in rotation (reuse_files: the kept steps and the spare;
         # with incremental also the base of the incremental steps, read by the xor/rs delta)
-        self.mappings = data_file.Mappings(cfg.keep + 2 + bool(cfg.incremental)) if cfg.reuse_files else None
+        self.mappings = data_file.Mappings(cfg.keep + 1 + self.spares + bool(cfg.incremental)) \
+            if cfg.reuse_files else None
         self.block_digests = None    # (step, block, digests) of the last write (incremental, levels/delta.py)
         self._odd_spare_told = False  # warned that the spare path is not a regular file
         self._deleter = storage.Deleter("hpcckpt-cache-remove")   # unlinks retired large files (_discard)
@@ -92,6 +97,20 @@ class LocalCache:
     @property
     def spare_path(self):
         return os.path.join(self.spare_dir, mf.data_file_name(self.rank))
+
+    def keep_spares(self, spares):
+        """Local: keep up to ``spares`` retired data files (one, and one more per redundant level
+        the job has used: save.checkpoint raises it as levels come into use), and as many more
+        mappings open."""
+        if spares > self.spares:
+            if self.mappings is not None:
+                self.mappings.limit += spares - self.spares
+            self.spares = spares
+
+    def spare_paths(self):
+        """Local: the paths of this rank's data-file spares (``spares`` of them; the first is
+        ``spare_path``)."""
+        return [self.spare_path] + [f"{self.spare_path}.{i}" for i in range(1, self.spares)]
 
     def held_spare_path(self, name):
         """Where a retired file ``name`` of this rank's held directory waits to be overwritten."""
@@ -174,14 +193,17 @@ class LocalCache:
         storage.makedirs(self.step_dir(step), self.cfg.dir_mode)
         path = self.data_path(step)
         reuse = None
-        if self.cfg.reuse_files and not os.path.exists(path) and storage.is_own_dir(self.spare_dir) \
-                and os.path.lexists(self.spare_path):
-            if os.path.isfile(self.spare_path) and not os.path.islink(self.spare_path):
-                reuse = self.spare_path
-            elif not self._odd_spare_told:      # a directory or link put there: never renamed into the step
-                self._odd_spare_told = True
-                log.warning("rank %d: %s is not a regular file: not reused (reuse_files); remove it", self.rank,
-                            self.spare_path)
+        if self.cfg.reuse_files and not os.path.exists(path) and storage.is_own_dir(self.spare_dir):
+            for spare in self.spare_paths():
+                if not os.path.lexists(spare):
+                    continue
+                if os.path.isfile(spare) and not os.path.islink(spare):
+                    reuse = spare
+                    break
+                if not self._odd_spare_told:    # a directory or link put there: never renamed into the step
+                    self._odd_spare_told = True
+                    log.warning("rank %d: %s is not a regular file: not reused (reuse_files); remove it", self.rank,
+                                spare)
         chunks = sum(-(-a.nbytes // self.cfg.io_chunk) for _, a, _ in items)
         fault = faults.HalfWay("write", self.rank, step, max(1, chunks // 2)) if faults.active() else None
         self.block_digests = None
@@ -416,7 +438,8 @@ class LocalCache:
         """
         self.uncommit(step)
         data = self.data_path(step)
-        if not self._keep_as_spare(data, self.spare_path) and os.path.isfile(data) and not os.path.islink(data):
+        if not any(self._keep_as_spare(data, spare) for spare in self.spare_paths()) and os.path.isfile(data) \
+                and not os.path.islink(data):
             self._discard(data)
         faults.hit("retire", self.rank, step)
         held = self.held_dir(step)

@@ -209,18 +209,18 @@ def test_a_setting_that_differs_between_ranks_is_named(shm_dir):
                                                              and "differs between ranks" in e for e in errors), str(res)
 
 
-
 @pytest.mark.parametrize("given,named", [({"rs": {"parity": 3}}, "rs_parity=3"),
-                                         ({"mirror": {"dir": "/elsewhere"}}, "'/elsewhere'")])
+                                         ({"plugin": {"dir": "/elsewhere"}}, "'/elsewhere'")])
 def test_a_level_setting_that_differs_between_ranks_is_named(given, named, shm_dir):
     """A level's own settings are compared between ranks too: a built-in level's given as its
     table (its flat key is named), a plug-in level's (Config.level_settings)."""
     res = run_mpi(4, "app.py", "--cache", os.path.join(shm_dir, "node{node}"), "--level", "partner",
                   "--config-json", json.dumps({"ranks_per_node": 1}), "--rank-config-json", f"2:{json.dumps(given)}",
-                  env={"HPCCKPT_LEVEL_MODULES": "mirror_level"}, timeout=TIMEOUT)
+                  env={"HPCCKPT_LEVEL_MODULES": "plugin_level"}, timeout=TIMEOUT)
     errors = res.lines("ERROR")
     assert res.returncode == 3 and len(errors) == 4 and all(e.startswith("ConfigError") and named in e
                                                              and "differs between ranks" in e for e in errors), str(res)
+
 
 def test_a_pfs_directory_removed_while_the_job_runs_is_created_again(shm_dir, tmp_path):
     """Third review: a purge of the scratch file system removed pfs_dir while the job ran, and

@@ -321,3 +321,36 @@ def test_a_directory_where_the_spare_should_be_is_not_renamed_into_the_step(tmp_
     told = [r.getMessage() for r in caplog.records if "not a regular file" in r.getMessage()]
     assert len(told) == 1 and cache.spare_path in told[0], told
     cache.close()
+
+
+@pytest.mark.parametrize("spares", [1, 2])
+def test_two_steps_retired_together_are_both_overwritten_with_two_spares(tmp_path, spares):
+    """reuse_files with ``spares`` data-file spares (one more per redundant level of the job): a
+    retire of two steps at once keeps both files (one with a single spare), and the next two
+    writes overwrite them (the same inodes), so a cycle of levels never writes a new file."""
+    from hpcckpt.config import Config
+    from hpcckpt.levels.local import LocalCache
+    from hpcckpt.state import PER_RANK
+    from hpcckpt.topology import Topology
+    cfg = Config.load(environ={}, name="app", cache_dir=str(tmp_path / "node{node}"), pfs_dir=str(tmp_path / "pfs"))
+    cache = LocalCache(cfg, Topology(0, 1, (0,)), spares=spares)
+    cache.prepare()
+    u = np.arange(100000, dtype=np.float64)
+    for step in (1, 2, 3):
+        cache.commit(cache.write(step, "c" * 32, "local", 1, [("u", u, PER_RANK)]))
+    held = [os.open(cache.data_path(s), os.O_RDONLY) for s in (1, 2)]   # no inode number is reused meanwhile
+    inodes = {os.fstat(fd).st_ino for fd in held}
+    cache.retire(1)
+    cache.retire(2)
+    kept = sorted(os.listdir(cache.spare_dir))
+    assert kept == ["rank_000000.dat", "rank_000000.dat.1"][:spares]
+    for step in (4, 5):
+        cache.commit(cache.write(step, "c" * 32, "local", 1, [("u", u + step, PER_RANK)]))
+    reused = {os.stat(cache.data_path(s)).st_ino for s in (4, 5)} & inodes
+    for fd in held:
+        os.close(fd)
+    assert len(reused) == spares
+    assert all(np.array_equal(np.fromfile(cache.data_path(s), np.float64, u.size), u + s) for s in (4, 5))
+    cache.close()
+    cache.remove_spares()
+    assert not [n for n in os.listdir(cache.spare_dir) if n.startswith("rank_")]

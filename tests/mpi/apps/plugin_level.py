@@ -1,4 +1,4 @@
-"""A plug-in level for the tests (``HPCCKPT_LEVEL_MODULES=mirror_level``, importable from the
+"""A plug-in level for the tests (``HPCCKPT_LEVEL_MODULES=plugin_level``, importable from the
 apps' directory): a setting of its own without a flat key, and nothing more to do than the node
 cache does (a step at this level is a local one)."""
 from hpcckpt.levels.base import Level
@@ -7,7 +7,8 @@ from hpcckpt.levels.registry import register
 
 
 @register
-class MirrorLevel(Level):
-    """Declares ``[mirror]`` ``dir``; protects nothing beyond the node cache."""
-    name, order = "mirror", 45
+class PluginLevel(Level):
+    """Declares ``[plugin]`` ``dir``; protects nothing beyond the node cache (the full example of
+    a level of one's own is tests/mpi/test_mirror_level.py)."""
+    name, order = "plugin", 46
     settings = {"dir": Setting("mirror", str, doc="a directory of its own (unused)")}
