@@ -34,6 +34,7 @@ OPTIONAL = {"pfs": ("bench_pfs", "pfs level internals: node files and restore"),
             "pfs_phases": ("bench_pfs_phases", "where a synchronous pfs step's time goes, phase by phase, new files and reuse_files"),
             "overhead": ("bench_overhead", "end-to-end: a heat-equation loop at the Daly interval, with vs without checkpoints"),
             "online": ("bench_online", "online recovery (ULFM, spares) vs relaunch + restart, same job and level, 4 and 8 ranks"),
+            "cycle": ("bench_cycle", "background work in multilevel schedules: checkpoint() per level vs local"),
             "calls": ("bench_calls", "per-call cost and bytes per rank at 2-16 ranks; start-up placement at simulated P"),
             "fti": ("bench_fti", "FTI 1.6 and hpcckpt interleaved in one session (needs FTI_PREFIX or FTI_SRC)")}
 
