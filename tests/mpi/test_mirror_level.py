@@ -30,10 +30,7 @@ from hpcckpt.levels.base import Level
 from hpcckpt.levels.options import Setting
 from hpcckpt.levels import registry
 
-try:
-    from hpcckpt.levels.files import LevelFiles, Row, Stored, read_rank_manifest, verify_data
-except ImportError:        # levels/files.py (the files protocol) not on this branch yet
-    LevelFiles = None
+from hpcckpt.levels.files import LevelFiles, Row, Stored, read_rank_manifest, verify_data
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MARKER = "MIRROR"          # in each of the mirror's step directories: they are the mirror's, not a node cache's
@@ -44,74 +41,73 @@ def mirror_root(config, options):
     return os.path.join(options.get("dir") or os.path.join(config.pfs_dir, ".mirror"), config.name)
 
 
-if LevelFiles is not None:
-    class MirrorStep(Stored):
-        """A mirror step directory: its rank manifests ({rank: RankManifest}) and their problems."""
+class MirrorStep(Stored):
+    """A mirror step directory: its rank manifests ({rank: RankManifest}) and their problems."""
 
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            self.manifests, self.bad = {}, []
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.manifests, self.bad = {}, []
 
-    class MirrorFiles(LevelFiles):
-        """The mirror's files for ``hpcckpt list/verify/inspect`` (local, no MPI): the step
-        directories holding MARKER, their ``rank_<R>.json`` and ``rank_<R>.dat``."""
+class MirrorFiles(LevelFiles):
+    """The mirror's files for ``hpcckpt list/verify/inspect`` (local, no MPI): the step
+    directories holding MARKER, their ``rank_<R>.json`` and ``rank_<R>.dat``."""
 
-        def step_items(self, path, step, entries):
-            if (MARKER, os.path.join(path, MARKER), "file") not in entries:
-                return [], set()
-            item = MirrorStep(self, "mirror", path, step, os.path.basename(os.path.dirname(path)))
-            claimed = {MARKER}
-            for name, where, kind in entries:
-                if name.startswith("rank_") and name.endswith(".json") and name[5:-5].isdigit():
-                    rank = int(name[5:-5])
-                    claimed |= {name, mf.data_file_name(rank)}
-                    m, error = read_rank_manifest(where, kind, step, rank)
-                    if error:
-                        item.bad.append(error)
-                    else:
-                        item.manifests[rank] = m
-            ids = {m.ckpt_id for m in item.manifests.values()}
-            item.ckpt_id = ids.pop() if len(ids) == 1 else None
-            if item.bad:
-                item.error = item.bad[0]
-            return [item], claimed
+    def step_items(self, path, step, entries):
+        if (MARKER, os.path.join(path, MARKER), "file") not in entries:
+            return [], set()
+        item = MirrorStep(self, "mirror", path, step, os.path.basename(os.path.dirname(path)))
+        claimed = {MARKER}
+        for name, where, kind in entries:
+            if name.startswith("rank_") and name.endswith(".json") and name[5:-5].isdigit():
+                rank = int(name[5:-5])
+                claimed |= {name, mf.data_file_name(rank)}
+                m, error = read_rank_manifest(where, kind, step, rank)
+                if error:
+                    item.bad.append(error)
+                else:
+                    item.manifests[rank] = m
+        ids = {m.ckpt_id for m in item.manifests.values()}
+        item.ckpt_id = ids.pop() if len(ids) == 1 else None
+        if item.bad:
+            item.error = item.bad[0]
+        return [item], claimed
 
-        def check(self, item):
-            out = []
-            for rank, m in sorted(item.manifests.items()):
-                problem = verify_data(os.path.join(item.path, mf.data_file_name(rank)), m.data_size,
-                                      [(a.name, a.offset, a.nbytes, a.checksum) for a in m.arrays])
-                out += [problem] if problem else []
-            ms = list(item.manifests.values())
-            if ms and len(ms) != ms[0].world_size:
-                out.append(f"{item.path}: copies of {len(ms)} of {ms[0].world_size} ranks")
-            return out
+    def check(self, item):
+        out = []
+        for rank, m in sorted(item.manifests.items()):
+            problem = verify_data(os.path.join(item.path, mf.data_file_name(rank)), m.data_size,
+                                  [(a.name, a.offset, a.nbytes, a.checksum) for a in m.arrays])
+            out += [problem] if problem else []
+        ms = list(item.manifests.values())
+        if ms and len(ms) != ms[0].world_size:
+            out.append(f"{item.path}: copies of {len(ms)} of {ms[0].world_size} ranks")
+        return out
 
-        def row(self, item):
-            ms = list(item.manifests.values())
-            if not ms:
-                return Row(item.error or "no rank copies")
-            state = "committed" if len(ms) == ms[0].world_size else "incomplete"
-            return Row(state, ms[0].epoch, len(ms), ms[0].world_size, sum(m.data_size for m in ms), ms[0].created)
+    def row(self, item):
+        ms = list(item.manifests.values())
+        if not ms:
+            return Row(item.error or "no rank copies")
+        state = "committed" if len(ms) == ms[0].world_size else "incomplete"
+        return Row(state, ms[0].epoch, len(ms), ms[0].world_size, sum(m.data_size for m in ms), ms[0].created)
 
-        def inspect(self, item):
-            lines = [f"mirror step {item.step} ({item.path}): {len(item.manifests)} rank copies"]
-            for rank, m in sorted(item.manifests.items()):
-                lines += [f"  rank {rank}: {a.name} {a.dtype} {tuple(a.shape)}" for a in m.arrays]
-            return lines, bool(item.error)
+    def inspect(self, item):
+        lines = [f"mirror step {item.step} ({item.path}): {len(item.manifests)} rank copies"]
+        for rank, m in sorted(item.manifests.items()):
+            lines += [f"  rank {rank}: {a.name} {a.dtype} {tuple(a.shape)}" for a in m.arrays]
+        return lines, bool(item.error)
 
-        def rebuild_note(self, rank, cs, cat, ok):
-            for s in cat.stored:
-                if s.files is self and s.ckpt_id == cs.ckpt_id and rank in s.manifests:
-                    return True, f" (the mirror copy of this checkpoint holds it: {s.path})"
-            return None
+    def rebuild_note(self, rank, cs, cat, ok):
+        for s in cat.stored:
+            if s.files is self and s.ckpt_id == cs.ckpt_id and rank in s.manifests:
+                return True, f" (the mirror copy of this checkpoint holds it: {s.path})"
+        return None
 
 
 class MirrorLevel(Level):
     """A copy of every rank's committed step in a directory of its own; restores from it."""
     name, order, restores, survives = "mirror", 45, True, "node"
     settings = {"dir": Setting("", str, doc="where the mirror keeps its copies (default: <pfs_dir>/.mirror)")}
-    files = MirrorFiles() if LevelFiles is not None else None
+    files = MirrorFiles()
 
     def __init__(self, ctx):
         super().__init__(ctx)
