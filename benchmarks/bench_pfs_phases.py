@@ -30,7 +30,7 @@ PHASES = (
     ("hpcckpt.levels.pfs_files", None, "create_node_file", "pfs.begin: create node file"),
     ("hpcckpt.levels.local", "LocalCache", "write", "cache.write"),
     ("hpcckpt.levels.pfs_save", "PendingStep", "drain", "pipe.drain"),
-    ("hpcckpt.checkpointer", "Checkpointer", "_redundancy_and_commit", "commit (local)"),
+    ("hpcckpt.levels.local", "LocalCache", "commit", "commit (local)"),
     ("hpcckpt.levels.pfs_save", "PfsSave", "finish", "pfs.finish"),
     ("hpcckpt.levels.pfs_save", "PfsSave", "_write_node", "pfs.finish: node file durable"),
     ("hpcckpt.levels.pfs_files", None, "write_master", "pfs.finish: master file"),
