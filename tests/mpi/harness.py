@@ -228,6 +228,16 @@ def outputs(path):
     return {os.path.basename(f): open(f, "rb").read() for f in sorted(glob.glob(os.path.join(path, "*.npy")))}
 
 
+def npz_arrays(path):
+    """{(file, array): bytes} of the .npz files an application (sim_app) wrote to ``path``."""
+    import numpy as np
+    out = {}
+    for f in sorted(glob.glob(os.path.join(path, "*.npz"))):
+        with np.load(f, allow_pickle=False) as z:
+            out.update({(os.path.basename(f), k): z[k].tobytes() for k in z.files})
+    return out
+
+
 def restart_step(res):
     """The step an application's one "RESTART <step>" line names (None: nothing restored)."""
     (value,) = res.lines("RESTART")

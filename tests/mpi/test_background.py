@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from harness import outputs, restart_step, run_mpi
+from harness import npz_arrays, outputs, restart_step, run_mpi
 
 pytestmark = pytest.mark.mpi
 NPROCS = 4
@@ -139,22 +139,11 @@ def sim(root, *args, expect_ok=True, config=None):
     return res
 
 
-def sim_outputs(path):
-    """{(file, array): bytes} of the .npz files sim_app wrote to ``path``."""
-    import glob
-    import numpy as np
-    out = {}
-    for f in sorted(glob.glob(os.path.join(path, "*.npz"))):
-        with np.load(f, allow_pickle=False) as z:
-            out.update({(os.path.basename(f), k): z[k].tobytes() for k in z.files})
-    return out
-
-
 @pytest.fixture(scope="module")
 def cycle_reference(tmp_path_factory):
     d = tmp_path_factory.mktemp("cycle-ref")
     sim(str(d / "run"), "--no-restart", "--out", str(d / "out"), config={"background": False, "incremental": False})
-    return sim_outputs(str(d / "out"))
+    return npz_arrays(str(d / "out"))
 
 
 @pytest.mark.parametrize("crash", [13, 15, 17, 19])
@@ -170,4 +159,4 @@ def test_a_node_lost_at_any_point_of_a_multilevel_cycle_restores_bitwise(crash, 
     shutil.rmtree(os.path.join(root, "node1"))
     res = sim(root, "--out", str(tmp_path / "out"), config={"log_level": "warning"})
     assert restart_step(res) is not None and "rebuilt rank(s) [1] from the" in res.stderr, str(res)
-    assert cycle_reference and sim_outputs(str(tmp_path / "out")) == cycle_reference, str(res)
+    assert cycle_reference and npz_arrays(str(tmp_path / "out")) == cycle_reference, str(res)

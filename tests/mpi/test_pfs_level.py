@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from harness import outputs, restart_step, run_mpi
+from harness import npz_arrays, outputs, restart_step, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -268,15 +268,6 @@ def node_file_bytes_but_ckpt_id(path):
     raw = open(path, "rb").read()
     assert raw.count(ckpt_id) >= 1
     return raw.replace(ckpt_id, b"#" * len(ckpt_id))
-
-
-def npz_arrays(path):
-    """{(file, array): bytes} of the .npz files sim_app wrote to ``path``."""
-    out = {}
-    for f in sorted(glob.glob(os.path.join(path, "*.npz"))):
-        with np.load(f, allow_pickle=False) as z:
-            out.update({(os.path.basename(f), k): z[k].tobytes() for k in z.files})
-    return out
 
 
 def test_pfs_restart_from_overwritten_files_is_bitwise(shm_dir, tmp_path, reference):
